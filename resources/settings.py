@@ -1,0 +1,45 @@
+"""Embedded defaults for every environment variable the product reads.
+
+This is the one module that looks at the environment: it hands Dagster an ``EnvVar`` when the
+variable is set (so the UI shows where a value came from) and the embedded default otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dagster import EnvVar
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_SAMPLES = REPO_ROOT / "samples"
+
+
+def dagster_home() -> Path:
+    return Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / "dagster_home").resolve()
+
+
+def env_or(name: str, default: str) -> str | EnvVar:
+    """``EnvVar(name)`` when set and non-empty, else ``default``."""
+    return EnvVar(name) if os.environ.get(name) else default
+
+
+def env_value(name: str, default: str) -> str:
+    """The resolved value, for code that runs outside a resource (CLI, defaults shown in logs)."""
+    return os.environ.get(name) or default
+
+
+def default_volume_uri() -> str:
+    return str(BUNDLED_SAMPLES)
+
+
+def default_tables_uri() -> str:
+    return str(dagster_home() / "tables")
+
+
+def default_mlflow_uri() -> str:
+    return f"sqlite:///{dagster_home() / 'mlflow.db'}"
+
+
+def default_mlflow_artifacts() -> str:
+    return str(dagster_home() / "mlartifacts")

@@ -1,0 +1,79 @@
+"""Asset checks guarding the ingest tables (whole table, not only the latest batch)."""
+
+
+import polars as pl
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, Field, asset_check
+
+from resources.delta import DeltaTables
+from video_assets.ingest import raw_videos, video_metadata
+from video_assets.tables import RAW_VIDEOS, SCHEMAS, VIDEO_METADATA, required_columns
+
+
+def duplicate_ids(df: pl.DataFrame, key: str = "video_id") -> list[str]:
+    return df.group_by(key).len().filter(pl.col("len") > 1).get_column(key).to_list()
+
+
+def null_counts(df: pl.DataFrame, columns: list[str]) -> dict[str, int]:
+    return {c: n for c in columns if (n := int(df.get_column(c).null_count())) > 0}
+
+
+def _unique(tables: DeltaTables, name: str) -> AssetCheckResult:
+    df = tables.read(name, SCHEMAS[name])
+    dups = duplicate_ids(df)
+    return AssetCheckResult(passed=not dups, metadata={"rows": df.height, "duplicate_ids": dups[:20]})
+
+
+def _not_null(tables: DeltaTables, name: str) -> AssetCheckResult:
+    df = tables.read(name, SCHEMAS[name])
+    nulls = null_counts(df, required_columns(name))
+    return AssetCheckResult(passed=not nulls, metadata={"rows": df.height, "null_counts": nulls})
+
+
+@asset_check(asset=raw_videos, description="No video_id appears twice in the registry.")
+def raw_videos_unique_id(tables: DeltaTables) -> AssetCheckResult:
+    return _unique(tables, RAW_VIDEOS)
+
+
+@asset_check(asset=raw_videos, description="Required registry columns are never null.")
+def raw_videos_required_columns(tables: DeltaTables) -> AssetCheckResult:
+    return _not_null(tables, RAW_VIDEOS)
+
+
+@asset_check(asset=video_metadata, description="One metadata row per video_id.")
+def video_metadata_unique_id(tables: DeltaTables) -> AssetCheckResult:
+    return _unique(tables, VIDEO_METADATA)
+
+
+@asset_check(asset=video_metadata, description="Required metadata columns are never null.")
+def video_metadata_required_columns(tables: DeltaTables) -> AssetCheckResult:
+    return _not_null(tables, VIDEO_METADATA)
+
+
+@asset_check(
+    asset=video_metadata,
+    description="Share of files that are not usable videos (ok=false); warns above max_not_ok_ratio.",
+    config_schema={"max_not_ok_ratio": Field(float, default_value=0.25, is_required=False)},
+)
+def video_metadata_not_ok_ratio(context: AssetCheckExecutionContext, tables: DeltaTables) -> AssetCheckResult:
+    df = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA])
+    threshold = context.op_execution_context.op_config["max_not_ok_ratio"]
+    bad = df.filter(~pl.col("ok"))
+    ratio = bad.height / df.height if df.height else 0.0
+    return AssetCheckResult(
+        passed=ratio <= threshold,
+        severity=AssetCheckSeverity.WARN,
+        metadata={
+            "not_ok_ratio": ratio,
+            "threshold": threshold,
+            "not_ok_files": bad.get_column("uri").head(20).to_list(),
+        },
+    )
+
+
+ingest_checks = [
+    raw_videos_unique_id,
+    raw_videos_required_columns,
+    video_metadata_unique_id,
+    video_metadata_required_columns,
+    video_metadata_not_ok_ratio,
+]

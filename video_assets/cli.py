@@ -1,0 +1,115 @@
+"""`video-assets`: register an existing archive in one go, run the demo, show where things are."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from dagster import DagsterInstance
+
+from resources.settings import dagster_home
+
+
+def _resources():
+    from video_assets.definitions import build_resources
+
+    built = build_resources()
+    # EnvVar-backed fields resolve here, as they would inside a run.
+    return {k: r.process_config_and_initialize() for k, r in built.items()}
+
+
+def register_archive(instance: DagsterInstance, batch_size: int | None = None) -> list[str]:
+    """Register every unseen file of the volume, as many batches as needed; returns the new batch keys."""
+    from video_assets.partitions import video_batches
+    from video_assets.registration import manifest_batch_keys, read_manifest, register_new_files
+
+    res = _resources()
+    volume, tables = res["volume"], res["tables"]
+    if batch_size:
+        volume = volume.model_copy(update={"batch_size": batch_size})
+    files = volume.list_files()
+    print(f"volume {volume.uri}: {len(files)} video files")
+    while True:
+        plan = register_new_files(volume, tables, files)
+        for dup in plan.duplicates:
+            print(f"  duplicate: {dup.uri} has the same bytes as {dup.duplicate_of}")
+        if plan.remaining == 0:
+            break
+    known = set(instance.get_dynamic_partitions(video_batches.name))
+    new = [k for k in manifest_batch_keys(read_manifest(tables)) if k not in known]
+    if new:
+        instance.add_dynamic_partitions(video_batches.name, new)
+    for k in new:
+        print(f"  new batch {k}")
+    return new
+
+
+QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
+def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
+    from video_assets.definitions import defs
+
+    job = defs.get_job_def("batch_pipeline")
+    ok = True
+    for key in keys:
+        started = time.monotonic()
+        result = job.execute_in_process(
+            partition_key=key, instance=instance, raise_on_error=False, run_config=QUIET
+        )
+        status = "succeeded" if result.success else "FAILED"
+        print(f"batch {key}: run {result.run_id} {status} in {time.monotonic() - started:.1f}s")
+        ok &= result.success
+    return ok
+
+
+def demo(args) -> int:
+    from video_assets.partitions import video_batches
+
+    instance = DagsterInstance.get()
+    register_archive(instance, args.batch_size)
+    keys = instance.get_dynamic_partitions(video_batches.name)
+    todo = keys if args.all else [k for k in keys if not _materialized(instance, k)]
+    print(f"{len(todo)} batch(es) to run of {len(keys)}")
+    ok = run_batches(instance, todo)
+    _print_where(_resources()["tables"])
+    return 0 if ok else 1
+
+
+def _materialized(instance: DagsterInstance, key: str) -> bool:
+    from dagster import AssetKey
+
+    done = instance.get_materialized_partitions(AssetKey("video_metadata"))
+    return key in done
+
+
+def _print_where(tables) -> None:
+    from video_assets.tables import SCHEMAS
+
+    print("\nTables (Delta Lake; read with polars.read_delta):")
+    for name in SCHEMAS:
+        if tables.exists(name):
+            print(f"  {name:16s} {tables.table_uri(name)}  ({tables.read(name).height} rows)")
+    print(f"\nDagster instance: {dagster_home()}")
+    print("Open the UI:      make ui   (then http://127.0.0.1:3000)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="video-assets", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    reg = sub.add_parser("register", help="register every unseen file in the volume as batches")
+    reg.add_argument("--batch-size", type=int, default=None)
+    dem = sub.add_parser("demo", help="register the volume and run every batch not yet materialised")
+    dem.add_argument("--batch-size", type=int, default=None)
+    dem.add_argument("--all", action="store_true", help="rerun every batch, not only new ones")
+    args = parser.parse_args(argv)
+    if args.command == "register":
+        new = register_archive(DagsterInstance.get(), args.batch_size)
+        print(f"{len(new)} new batch(es)")
+        return 0
+    return demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Materialisation metadata shared by every table asset: where it is, how many rows, a preview."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+from dagster import MetadataValue
+
+PREVIEW_ROWS = 8
+CELL_CHARS = 40
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"
+
+
+def markdown_table(df: pl.DataFrame, columns: list[str] | None = None, rows: int = PREVIEW_ROWS) -> str:
+    cols = [c for c in (columns or df.columns) if c in df.columns]
+    if df.is_empty():
+        return "_no rows_"
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.select(cols).head(rows).iter_rows():
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    if df.height > rows:
+        lines.append(f"\n_{df.height - rows} more rows_")
+    return "\n".join(lines)
+
+
+def table_metadata(uri: str, partition_rows: pl.DataFrame, table_rows: int, columns: list[str] | None = None) -> dict:
+    return {
+        "dagster/uri": MetadataValue.path(uri),
+        "dagster/row_count": MetadataValue.int(partition_rows.height),
+        "table_row_count": MetadataValue.int(table_rows),
+        "preview": MetadataValue.md(markdown_table(partition_rows, columns)),
+    }

@@ -1,0 +1,162 @@
+"""Probe a video in-process with PyAV: container facts plus one decoded frame to prove it is usable.
+
+A file that cannot be opened, has no video stream or decodes no frame is returned as ``ok=False``
+with a readable reason; ``probe`` never raises for bad input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from typing import IO, Any
+
+import av
+
+# Demuxing (not decoding) packets is cheap, but on a 10 GB file it still reads every byte, so
+# the full scan runs only when the container stores no duration or frame count.
+KEYFRAME_SAMPLE_PACKETS = 600
+FIRST_FRAME_MAX_PACKETS = 300
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    error: str | None = None
+    container: str | None = None
+    video_codec: str | None = None
+    width: int | None = None
+    height: int | None = None
+    rotation: int | None = None
+    avg_fps: float | None = None
+    real_fps: float | None = None
+    duration_s: float | None = None
+    duration_estimated: bool | None = None
+    frame_count: int | None = None
+    keyframe_interval_s: float | None = None
+    audio_codec: str | None = None
+    bit_rate: int | None = None
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rate(value: Fraction | None) -> float | None:
+    if value is None or value == 0:
+        return None
+    return round(float(value), 4)
+
+
+def _readable(exc: BaseException) -> str:
+    text = str(exc).strip() or exc.__class__.__name__
+    return f"{exc.__class__.__name__}: {text}"
+
+
+def _first_frame(container: av.container.InputContainer, stream: av.video.stream.VideoStream):
+    """First decodable frame, or the last decoder error; damaged streams often recover a few packets in."""
+    last_error: BaseException | None = None
+    for i, packet in enumerate(container.demux(stream)):
+        if i >= FIRST_FRAME_MAX_PACKETS:
+            break
+        try:
+            for frame in packet.decode():
+                return frame, None
+        except av.error.FFmpegError as exc:
+            last_error = exc
+    try:  # flush: some decoders hold frames until the end of the stream
+        for frame in stream.decode(None):
+            return frame, None
+    except av.error.FFmpegError as exc:
+        last_error = exc
+    return None, last_error
+
+
+def _scan_packets(container, stream, limit: int | None) -> tuple[int, float | None, list[float]]:
+    """Count packets, the end time and keyframe times from demuxing only (no decode)."""
+    count, end, keys = 0, None, []
+    tb = stream.time_base
+    for packet in container.demux(stream):
+        if packet.size == 0 and packet.pts is None:  # flush packet
+            continue
+        count += 1
+        if packet.pts is not None:
+            t_end = float((packet.pts + (packet.duration or 0)) * tb)
+            end = t_end if end is None else max(end, t_end)
+            if packet.is_keyframe:
+                keys.append(float(packet.pts * tb))
+        if limit is not None and count >= limit:
+            break
+    return count, end, keys
+
+
+def _keyframe_interval(keys: list[float]) -> float | None:
+    keys = sorted(set(keys))
+    if len(keys) < 2:
+        return None
+    return round((keys[-1] - keys[0]) / (len(keys) - 1), 4)
+
+
+def probe(source: str | IO[bytes]) -> ProbeResult:
+    """Probe a path or a seekable binary stream."""
+    try:
+        container = av.open(source, mode="r", metadata_errors="ignore")
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        return ProbeResult(ok=False, error=f"cannot open as a media container: {_readable(exc)}")
+    try:
+        return _probe_open(container)
+    except Exception as exc:  # a demuxer bug on a damaged file must not take the run down
+        return ProbeResult(ok=False, error=f"probe failed: {_readable(exc)}")
+    finally:
+        container.close()
+
+
+def _probe_open(container) -> ProbeResult:
+    result = ProbeResult(ok=False, container=container.format.name)
+    result.bit_rate = int(container.bit_rate) if container.bit_rate else None
+    if container.streams.audio:
+        result.audio_codec = container.streams.audio[0].codec_context.codec.canonical_name
+    if not container.streams.video:
+        result.error = "no video stream"
+        return result
+    stream = container.streams.video[0]
+    ctx = stream.codec_context
+    result.video_codec = ctx.codec.canonical_name
+    result.width = ctx.width or None
+    result.height = ctx.height or None
+    result.avg_fps = _rate(stream.average_rate)
+    result.real_fps = _rate(stream.base_rate)
+
+    # Duration: stream, then container; frame count: as stored. Either missing -> scan packets.
+    duration = None
+    if stream.duration and stream.time_base:
+        duration = float(stream.duration * stream.time_base)
+    elif container.duration:
+        duration = container.duration / av.time_base
+    frames = stream.frames or None
+    need_full_scan = duration is None or frames is None
+    count, end, scanned_keys = _scan_packets(container, stream, None if need_full_scan else KEYFRAME_SAMPLE_PACKETS)
+    keys = scanned_keys
+    if len(set(keys)) < 2:  # few keyframes early on: the container index (mp4, mkv) may know more
+        keys = [float(e.timestamp * stream.time_base) for e in stream.index_entries or [] if e.is_keyframe]
+    result.duration_estimated = duration is None
+    if duration is None and end is not None:
+        start = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
+        duration = max(0.0, end - start)
+    result.duration_s = round(duration, 4) if duration is not None else None
+    result.frame_count = frames if frames is not None else (count or None)
+    result.keyframe_interval_s = _keyframe_interval(keys)
+    if result.avg_fps is None and result.frame_count and result.duration_s:
+        result.avg_fps = round(result.frame_count / result.duration_s, 4)
+
+    container.seek(stream.start_time or 0, stream=stream)
+    frame, error = _first_frame(container, stream)
+    if frame is None:
+        result.error = "no decodable video frame" + (f": {_readable(error)}" if error else "")
+        return result
+    result.width = result.width or frame.width
+    result.height = result.height or frame.height
+    result.rotation = int(frame.rotation or 0)
+    if not result.duration_s:
+        result.error = "video stream has no duration and no timed packets"
+        return result
+    result.ok = True
+    return result

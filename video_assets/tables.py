@@ -1,0 +1,89 @@
+"""One schema per table, declared once: used by the writers, the column-schema metadata and the tests."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from dagster import TableColumn, TableSchema
+
+_TS = pa.timestamp("us", tz="UTC")
+
+BATCH_MANIFEST = "batch_manifest"
+RAW_VIDEOS = "raw_videos"
+VIDEO_METADATA = "video_metadata"
+
+SCHEMAS: dict[str, pa.Schema] = {
+    BATCH_MANIFEST: pa.schema(
+        [
+            pa.field("uri", pa.string(), nullable=False, metadata={"doc": "file as listed in the volume"}),
+            pa.field("size_bytes", pa.int64(), nullable=False, metadata={"doc": "size when discovered"}),
+            pa.field("mtime", _TS, nullable=False, metadata={"doc": "modification time when discovered"}),
+            pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes"}),
+            pa.field("status", pa.string(), nullable=False, metadata={"doc": "batched | duplicate"}),
+            pa.field("batch_key", pa.string(), metadata={"doc": "partition of video_batches; null for duplicates"}),
+            pa.field("duplicate_of", pa.string(), metadata={"doc": "uri already holding the same bytes"}),
+            pa.field("discovered_at", _TS, nullable=False, metadata={"doc": "when the sensor or CLI saw it"}),
+        ]
+    ),
+    RAW_VIDEOS: pa.schema(
+        [
+            pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes (stable across renames)"}),
+            pa.field("uri", pa.string(), nullable=False, metadata={"doc": "where the bytes were registered from"}),
+            pa.field("size_bytes", pa.int64(), nullable=False, metadata={"doc": "file size"}),
+            pa.field("mtime", _TS, nullable=False, metadata={"doc": "file modification time"}),
+            pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
+            pa.field("registered_at", _TS, nullable=False, metadata={"doc": "first registration time"}),
+        ]
+    ),
+    VIDEO_METADATA: pa.schema(
+        [
+            pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes"}),
+            pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
+            pa.field("uri", pa.string(), nullable=False, metadata={"doc": "file probed"}),
+            pa.field("ok", pa.bool_(), nullable=False, metadata={"doc": "true when a video frame decodes"}),
+            pa.field("error", pa.string(), metadata={"doc": "why ok is false"}),
+            pa.field("container", pa.string(), metadata={"doc": "demuxer name"}),
+            pa.field("video_codec", pa.string(), metadata={"doc": "codec of the first video stream"}),
+            pa.field("width", pa.int32(), metadata={"doc": "coded width in pixels (before rotation)"}),
+            pa.field("height", pa.int32(), metadata={"doc": "coded height in pixels (before rotation)"}),
+            pa.field("rotation", pa.int32(), metadata={"doc": "display rotation in degrees from the display matrix"}),
+            pa.field("avg_fps", pa.float64(), metadata={"doc": "average frame rate"}),
+            pa.field("real_fps", pa.float64(), metadata={"doc": "real base frame rate (r_frame_rate)"}),
+            pa.field("duration_s", pa.float64(), metadata={"doc": "duration in seconds"}),
+            pa.field("duration_estimated", pa.bool_(), metadata={"doc": "true when computed from packets, not stored"}),
+            pa.field("frame_count", pa.int64(), metadata={"doc": "frames (stored or counted)"}),
+            pa.field("keyframe_interval_s", pa.float64(), metadata={"doc": "mean seconds between keyframes (sampled)"}),
+            pa.field("audio_codec", pa.string(), metadata={"doc": "codec of the first audio stream, if any"}),
+            pa.field("bit_rate", pa.int64(), metadata={"doc": "container bit rate in bit/s"}),
+            pa.field("probed_at", _TS, nullable=False, metadata={"doc": "when probed"}),
+        ]
+    ),
+}
+
+KEYS: dict[str, list[str]] = {
+    BATCH_MANIFEST: ["uri", "size_bytes", "mtime"],
+    RAW_VIDEOS: ["video_id"],
+    VIDEO_METADATA: ["video_id"],
+}
+
+
+def required_columns(name: str) -> list[str]:
+    return [f.name for f in SCHEMAS[name] if not f.nullable]
+
+
+def column_schema(name: str) -> TableSchema:
+    """``dagster/column_schema`` for a table, from its pyarrow schema."""
+    return TableSchema(
+        columns=[
+            TableColumn(
+                name=f.name,
+                type=str(f.type),
+                description=(f.metadata or {}).get(b"doc", b"").decode(),
+            )
+            for f in SCHEMAS[name]
+        ]
+    )
+
+
+def to_arrow(name: str, rows: list[dict]) -> pa.Table:
+    """Rows as an arrow table of the declared schema (a wrong type fails here, not in Delta)."""
+    return pa.Table.from_pylist(rows, schema=SCHEMAS[name])
