@@ -27,7 +27,7 @@ def register_archive(instance: DagsterInstance, batch_size: int | None = None) -
     res = _resources()
     volume, tables = res["volume"], res["tables"]
     if batch_size:
-        volume = volume.model_copy(update={"batch_size": batch_size})
+        volume = type(volume)(**{**volume.model_dump(), "batch_size": batch_size})  # model_copy skips config
     files = volume.list_files()
     print(f"volume {volume.uri}: {len(files)} video files")
     while True:
@@ -51,7 +51,7 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     from video_assets.definitions import defs
 
-    job = defs.get_job_def("batch_pipeline")
+    job = defs.resolve_job_def("batch_pipeline")
     ok = True
     for key in keys:
         started = time.monotonic()

@@ -1,7 +1,5 @@
 from dagster import AssetSelection, define_asset_job
 
-from video_assets.partitions import video_batches
-
 # Every per-batch asset downstream of the registry; later stages join this selection by being
 # partitioned by video_batches and depending on it.
 per_batch_assets = AssetSelection.assets("raw_videos").downstream().required_multi_asset_neighbors()
@@ -9,6 +7,5 @@ per_batch_assets = AssetSelection.assets("raw_videos").downstream().required_mul
 batch_pipeline_job = define_asset_job(
     name="batch_pipeline",
     selection=per_batch_assets,
-    partitions_def=video_batches,
     description="Everything one upload batch needs, from registration to the last per-batch table.",
 )

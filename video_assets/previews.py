@@ -14,7 +14,11 @@ CELL_CHARS = 40
 def _cell(value: Any) -> str:
     text = "" if value is None else str(value)
     text = text.replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"
+    if len(text) <= CELL_CHARS:
+        return text
+    if "/" in text:  # paths and URIs: the file name is the informative end
+        return "…" + text[-(CELL_CHARS - 1) :]
+    return text[: CELL_CHARS - 1] + "…"
 
 
 def markdown_table(df: pl.DataFrame, columns: list[str] | None = None, rows: int = PREVIEW_ROWS) -> str:

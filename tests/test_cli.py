@@ -1,0 +1,36 @@
+"""The command-line path CI uses: register the volume, then `dagster asset materialize` a partition."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import REPO, copy_samples
+
+BIN = Path(sys.executable).parent
+
+
+def sh(args, env, timeout=600):
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_register_then_dagster_asset_materialize(dagster_home, volume_dir):
+    copy_samples(volume_dir, ["realshort.mp4", "asl_eat.mkv"])
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "VIDEO_VOLUME_URI": str(volume_dir)}
+    out = sh([str(BIN / "video-assets"), "register"], env)
+    keys = [line.split()[-1] for line in out.splitlines() if line.strip().startswith("new batch")]
+    assert len(keys) == 1
+    sh(
+        [str(BIN / "dagster"), "asset", "materialize", "-m", "video_assets.definitions",
+         "--select", "raw_videos,video_metadata", "--partition", keys[0]],
+        env,
+    )
+    meta = pl.read_delta(str(dagster_home / "tables" / "video_metadata"))
+    assert sorted(meta["uri"].str.split("/").list.last()) == ["asl_eat.mkv", "realshort.mp4"]
+    assert meta["ok"].all()

@@ -1,0 +1,80 @@
+"""The upload sensor against a real temporary Dagster instance and real Delta tables."""
+
+import shutil
+
+import polars as pl
+from dagster import SensorResult, SkipReason, build_sensor_context
+
+from resources.volume import VideoVolume
+from tests.conftest import copy_samples
+from video_assets.partitions import video_batches
+from video_assets.sensors import upload_sensor
+
+CLIPS = ["realshort.mp4", "asl_eat.mkv", "carphone_pristine.mp4"]
+
+
+def tick(instance, resources, cursor=None):
+    ctx = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+    result = upload_sensor(ctx)
+    if isinstance(result, SensorResult):
+        for req in result.dynamic_partitions_requests or []:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    return result
+
+
+def test_new_files_make_one_batch_then_nothing(instance, resources, volume_dir):
+    copy_samples(volume_dir, CLIPS)
+    first = tick(instance, resources)
+    assert isinstance(first, SensorResult)
+    assert len(first.run_requests) == 1
+    key = first.run_requests[0].partition_key
+    assert first.run_requests[0].run_key == key
+    assert instance.get_dynamic_partitions(video_batches.name) == [key]
+    manifest = pl.read_delta(resources["tables"].table_uri("batch_manifest"))
+    assert sorted(manifest.filter(pl.col("batch_key") == key)["uri"].str.split("/").list.last()) == sorted(CLIPS)
+
+    again = tick(instance, resources, cursor=first.cursor)
+    assert isinstance(again, SkipReason)
+    # Even without the cursor (e.g. reset), known files are not batched again.
+    reset = tick(instance, resources, cursor=None)
+    assert not getattr(reset, "run_requests", None)
+    assert instance.get_dynamic_partitions(video_batches.name) == [key]
+
+
+def test_renamed_copy_is_not_registered_twice(instance, resources, volume_dir):
+    copy_samples(volume_dir, CLIPS)
+    first = tick(instance, resources)
+    shutil.copy(volume_dir / "realshort.mp4", volume_dir / "renamed_copy.mp4")
+    second = tick(instance, resources, cursor=first.cursor)
+    assert not getattr(second, "run_requests", None)
+    assert len(instance.get_dynamic_partitions(video_batches.name)) == 1
+    manifest = pl.read_delta(resources["tables"].table_uri("batch_manifest"))
+    dup = manifest.filter(pl.col("uri").str.ends_with("renamed_copy.mp4"))
+    assert dup["status"].to_list() == ["duplicate"]
+    assert dup["duplicate_of"][0].endswith("realshort.mp4")
+
+
+def test_a_second_upload_is_a_second_batch(instance, resources, volume_dir):
+    copy_samples(volume_dir, CLIPS[:1])
+    first = tick(instance, resources)
+    copy_samples(volume_dir, CLIPS[1:])
+    second = tick(instance, resources, cursor=first.cursor)
+    assert len(second.run_requests) == 1
+    keys = instance.get_dynamic_partitions(video_batches.name)
+    assert len(keys) == 2 and second.run_requests[0].partition_key != first.run_requests[0].partition_key
+
+
+def test_batch_size_bounds_each_partition(instance, resources, volume_dir):
+    copy_samples(volume_dir, CLIPS)
+    resources = {**resources, "volume": VideoVolume(**{**resources["volume"].model_dump(), "batch_size": 2})}
+    result = tick(instance, resources)
+    assert len(result.run_requests) == 2
+
+
+def test_a_crash_after_the_manifest_write_is_repaired(instance, resources, volume_dir):
+    from video_assets.registration import register_new_files
+
+    copy_samples(volume_dir, CLIPS)
+    plan = register_new_files(resources["volume"], resources["tables"])  # manifest written, no partition
+    result = tick(instance, resources)
+    assert [r.partition_key for r in result.run_requests] == list(plan.batches)
