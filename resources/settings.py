@@ -43,3 +43,15 @@ def default_mlflow_uri() -> str:
 
 def default_mlflow_artifacts() -> str:
     return str(dagster_home() / "mlartifacts")
+
+
+def default_models_dir() -> str:
+    return str(dagster_home() / "models")
+
+
+def ray_init_options() -> dict:
+    """Embedded Ray: no dashboard (saves a process and a port on a laptop). With RAY_ADDRESS set,
+    ray.init connects to that cluster and takes no local-cluster options."""
+    if os.environ.get("RAY_ADDRESS"):
+        return {}
+    return {"include_dashboard": False}

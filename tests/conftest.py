@@ -13,6 +13,8 @@ SAMPLES = SHARED_SAMPLES if (SHARED_SAMPLES / "MANIFEST.csv").exists() else BUND
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; tests use the locally built tiny model
+os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 
 
 def copy_samples(dest: Path, names: list[str]) -> list[Path]:
@@ -58,3 +60,14 @@ def resources(volume_dir, dagster_home):
         "volume": VideoVolume(uri=str(volume_dir), batch_size=50),
         "tables": DeltaTables(root_uri=str(dagster_home / "tables")),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_model_cache(tmp_path_factory) -> Path:
+    """A models cache holding the tiny random Qwen2.5-VL, built once per test session."""
+    from resources.tiny_qwen import build_tiny_qwen25_vl
+    from resources.vlm import TINY_MODEL_SOURCE
+
+    cache = tmp_path_factory.mktemp("models")
+    build_tiny_qwen25_vl(cache / TINY_MODEL_SOURCE)
+    return cache

@@ -15,8 +15,8 @@ def _resources():
     from video_assets.definitions import build_resources
 
     built = build_resources()
-    # EnvVar-backed fields resolve here, as they would inside a run.
-    return {k: r.process_config_and_initialize() for k, r in built.items()}
+    # EnvVar-backed fields resolve here, as they would inside a run (Ray is only started by runs).
+    return {k: built[k].process_config_and_initialize() for k in ("volume", "tables", "vlm")}
 
 
 def register_archive(instance: DagsterInstance, batch_size: int | None = None) -> list[str]:
@@ -48,6 +48,20 @@ def register_archive(instance: DagsterInstance, batch_size: int | None = None) -
 QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
+def register_model(instance: DagsterInstance) -> bool:
+    """The unpartitioned model assets (vlm_model, caption_prompt): idempotent, so run every time."""
+    from video_assets.definitions import defs
+    from video_assets.model import TINY_WARNING
+
+    result = defs.resolve_job_def("register_model").execute_in_process(
+        instance=instance, raise_on_error=False, run_config=QUIET
+    )
+    print(f"register_model: run {result.run_id} {'succeeded' if result.success else 'FAILED'}")
+    if result.success and _resources()["vlm"].is_tiny:
+        print(f"\n*** {TINY_WARNING} ***\n")
+    return result.success
+
+
 def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     from video_assets.definitions import defs
 
@@ -68,6 +82,8 @@ def demo(args) -> int:
     from video_assets.partitions import video_batches
 
     instance = DagsterInstance.get()
+    if not register_model(instance):
+        return 1
     register_archive(instance, args.batch_size)
     keys = instance.get_dynamic_partitions(video_batches.name)
     todo = keys if args.all else [k for k in keys if not _materialized(instance, k)]
@@ -91,6 +107,14 @@ def _print_where(tables) -> None:
     for name in SCHEMAS:
         if tables.exists(name):
             print(f"  {name:16s} {tables.table_uri(name)}  ({tables.read(name).height} rows)")
+    if tables.exists("captions"):
+        import polars as pl
+
+        caps = tables.read("captions")
+        print(f"\ncaptions: {caps.filter(pl.col('status') == 'ok').height} ok, "
+              f"{caps.filter(pl.col('status') == 'error').height} error rows; for example:")
+        for uri, seg, status, prose, error in caps.sort("uri").head(3).select("uri", "segment", "status", "prose", "error").iter_rows():
+            print(f"  {uri.rsplit('/', 1)[-1]} [{seg}] {status}: {(prose or error or '')[:90]!r}")
     print(f"\nDagster instance: {dagster_home()}")
     print("Open the UI:      make ui   (then http://127.0.0.1:3000)")
 

@@ -9,3 +9,9 @@ batch_pipeline_job = define_asset_job(
     selection=per_batch_assets,
     description="Everything one upload batch needs, from registration to the last per-batch table.",
 )
+
+register_model_job = define_asset_job(
+    name="register_model",
+    selection=AssetSelection.assets("vlm_model", "caption_prompt"),
+    description="Register the captioning model and prompt in MLflow behind their alias (idempotent).",
+)

@@ -10,6 +10,7 @@ _TS = pa.timestamp("us", tz="UTC")
 BATCH_MANIFEST = "batch_manifest"
 RAW_VIDEOS = "raw_videos"
 VIDEO_METADATA = "video_metadata"
+CAPTIONS = "captions"
 
 SCHEMAS: dict[str, pa.Schema] = {
     BATCH_MANIFEST: pa.schema(
@@ -57,12 +58,36 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("probed_at", _TS, nullable=False, metadata={"doc": "when probed"}),
         ]
     ),
+    CAPTIONS: pa.schema(
+        [
+            pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes"}),
+            pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
+            pa.field("uri", pa.string(), nullable=False, metadata={"doc": "file captioned"}),
+            pa.field("segment", pa.int32(), nullable=False, metadata={"doc": "clip index within the video"}),
+            pa.field("segment_start_s", pa.float64(), metadata={"doc": "clip start in the video, seconds"}),
+            pa.field("segment_end_s", pa.float64(), metadata={"doc": "clip end in the video, seconds"}),
+            pa.field("frame_timestamps", pa.list_(pa.float64()), metadata={"doc": "times of the frames the model saw"}),
+            pa.field("prose", pa.string(), metadata={"doc": "the model's timestamped description"}),
+            pa.field("model_name", pa.string(), nullable=False, metadata={"doc": "MLflow registered model"}),
+            pa.field("model_version", pa.string(), nullable=False, metadata={"doc": "MLflow model version"}),
+            pa.field("prompt_version", pa.int32(), nullable=False, metadata={"doc": "MLflow prompt version"}),
+            pa.field("engine", pa.string(), nullable=False, metadata={"doc": "transformers | vllm"}),
+            pa.field("input_tokens", pa.int32(), metadata={"doc": "prompt tokens incl. vision tokens"}),
+            pa.field("output_tokens", pa.int32(), metadata={"doc": "generated tokens"}),
+            pa.field("latency_s", pa.float64(), metadata={"doc": "engine latency of the request"}),
+            pa.field("decode_s", pa.float64(), metadata={"doc": "CPU-stage seconds (decode + sample)"}),
+            pa.field("status", pa.string(), nullable=False, metadata={"doc": "ok | error"}),
+            pa.field("error", pa.string(), metadata={"doc": "why status is error"}),
+            pa.field("captioned_at", _TS, nullable=False, metadata={"doc": "when written"}),
+        ]
+    ),
 }
 
 KEYS: dict[str, list[str]] = {
     BATCH_MANIFEST: ["uri", "size_bytes", "mtime"],
     RAW_VIDEOS: ["video_id"],
     VIDEO_METADATA: ["video_id"],
+    CAPTIONS: ["video_id", "segment", "model_version", "prompt_version"],
 }
 
 

@@ -1,0 +1,81 @@
+"""Which captioning model, which engine, and how much hardware each stage gets.
+
+Defaults run on a laptop CPU with the tiny local test model; a GPU cluster is the same code with
+VLM_MODEL_SOURCE=Qwen/Qwen2.5-VL-7B-Instruct, VLM_ENGINE=vllm and RAY_ADDRESS set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+TINY_MODEL_SOURCE = "tiny-random-qwen2.5-vl"  # built locally; random weights, nonsense captions
+
+
+class VlmSettings(ConfigurableResource):
+    model_source: str = Field(
+        default=TINY_MODEL_SOURCE,
+        description="Hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct), a local folder of weights, or "
+        f"'{TINY_MODEL_SOURCE}' for the locally built random test model",
+    )
+    model_revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit)")
+    registered_model: str = Field(default="video-captioner", description="MLflow registered model name")
+    alias: str = Field(default="production", description="Alias the captions asset loads")
+    engine: str = Field(default="auto", description="auto | transformers | vllm")
+    cache_dir: str = Field(description="Where models are built, downloaded and unpacked")
+    device: str = Field(default="auto", description="transformers device: auto | cpu | cuda")
+    cpu_concurrency: int = Field(default=2, ge=1, description="Parallel decode+sample tasks (1 CPU each)")
+    vlm_concurrency: int = Field(default=1, ge=1, description="VLM actors (each holds one engine)")
+    vlm_batch_size: int = Field(default=4, ge=1, description="Segments per generate call")
+    vlm_num_gpus: float = Field(default=0.0, ge=0, description="GPUs per transformers actor (0 on CPU)")
+    max_new_tokens: int = Field(default=128, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor parallel size")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_model_len: int = Field(default=32768, ge=256)
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model_source == TINY_MODEL_SOURCE
+
+    def materialize_source(self) -> tuple[Path, str]:
+        """A local folder holding the model, and a fingerprint identifying its exact content."""
+        if self.is_tiny:
+            from resources.tiny_qwen import build_tiny_qwen25_vl
+
+            folder = build_tiny_qwen25_vl(Path(self.cache_dir) / TINY_MODEL_SOURCE)
+            return folder, f"local:{TINY_MODEL_SOURCE}:{folder_digest(folder)}"
+        local = Path(self.model_source).expanduser()
+        if local.exists():
+            if not (local / "config.json").exists():
+                raise ValueError(f"model folder {local} has no config.json")
+            return local.resolve(), f"local:{folder_digest(local)}"
+        from huggingface_hub import snapshot_download
+
+        try:
+            path = Path(
+                snapshot_download(self.model_source, revision=self.model_revision, cache_dir=str(Path(self.cache_dir) / "hub"))
+            )
+        except Exception as exc:
+            raise RuntimeError(
+                f"could not fetch model {self.model_source!r} (revision {self.model_revision or 'main'}) from the hub: "
+                f"{exc.__class__.__name__}: {exc}. Point VLM_MODEL_SOURCE at a local folder of weights when offline."
+            ) from exc
+        return path, f"hub:{self.model_source}@{path.name}"  # snapshot folders are named by commit
+
+
+def folder_digest(folder: Path) -> str:
+    """Content identity of a model folder without reading gigabytes: names, sizes, and config files' bytes."""
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if not p.is_file() or p.name.startswith("."):
+            continue
+        rel = p.relative_to(folder).as_posix()
+        h.update(json.dumps([rel, p.stat().st_size]).encode())
+        if p.suffix in {".json", ".txt", ".jinja", ".model"}:
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,74 @@
+"""captions for a batch: real local Ray, real MLflow SQLite store, real Delta tables, tiny real model."""
+
+import os
+
+import polars as pl
+import pytest
+from dagster import AssetKey, materialize
+from dagster_ray import LocalRay
+
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+from tests.conftest import copy_samples
+from video_assets.captions import captions
+from video_assets.ingest import raw_videos, video_metadata
+from video_assets.model import caption_prompt, vlm_model
+from video_assets.partitions import video_batches
+from video_assets.registration import register_new_files
+
+GOOD = ["realshort.mp4", "asl_eat.mkv", "no_duration.webm", "fire2.mp4"]
+RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4}}}}
+
+
+@pytest.mark.slow
+def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+    copy_samples(volume_dir, GOOD + ["asl_again.mkv"])
+    (volume_dir / "corrupt.mp4").write_bytes(os.urandom(40_000))
+    res = {
+        **resources,
+        "mlflow_registry": MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")),
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), max_new_tokens=12, vlm_batch_size=2),
+        "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+    }
+    plan = register_new_files(res["volume"], res["tables"])
+    [key] = plan.batches
+    instance.add_dynamic_partitions(video_batches.name, [key])
+    assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+    assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
+    # Probed fine, then damaged before captioning: the CPU stage must turn it into an error row.
+    (volume_dir / "asl_again.mkv").write_bytes(b"\x00" * 1000)
+
+    def caption():
+        result = materialize(
+            [captions, vlm_model, caption_prompt, raw_videos, video_metadata],
+            selection=[captions], partition_key=key, instance=instance, resources=res, run_config=RUN_CONFIG,
+        )
+        assert result.success
+        return pl.read_delta(res["tables"].table_uri("captions"))
+
+    rows = caption()
+    names = rows["uri"].str.split("/").list.last()
+    rows = rows.with_columns(name=names)
+    ok = rows.filter(pl.col("status") == "ok")
+    assert sorted(ok["name"].unique()) == sorted(GOOD)
+    assert (ok["prose"].str.len_chars() > 0).all()
+    assert (ok["output_tokens"] > 0).all() and (ok["input_tokens"] > 0).all()
+    assert set(ok["model_version"]) == {"1"} and set(ok["prompt_version"]) == {1}
+    assert set(ok["engine"]) == {"transformers"}
+    for ts, start, end in ok.select("frame_timestamps", "segment_start_s", "segment_end_s").iter_rows():
+        assert 4 <= len(ts) <= 8 and ts == sorted(ts) and start <= ts[0] and ts[-1] <= end + 0.5
+    errors = rows.filter(pl.col("status") == "error")
+    assert sorted(errors["name"]) == ["asl_again.mkv", "corrupt.mp4"]
+    assert errors.filter(pl.col("name") == "corrupt.mp4")["error"][0].startswith("not captioned: probe failed")
+    assert errors.filter(pl.col("name") == "asl_again.mkv")["error"][0]
+
+    mat = instance.get_latest_materialization_event(AssetKey("captions")).asset_materialization
+    assert mat.metadata["engine_busy_s"].value > 0
+    assert mat.metadata["cpu_stage_s"].value > 0
+    assert mat.metadata["model_uri"].value == "models:/video-captioner@production"
+
+    # Rerun: cached videos are skipped, the failed one retried, and the row count stays the same.
+    again = caption()
+    assert again.height == rows.height
+    mat = instance.get_latest_materialization_event(AssetKey("captions")).asset_materialization
+    assert mat.metadata["videos_cached"].value == len(GOOD)

@@ -1,0 +1,65 @@
+"""vlm_model and caption_prompt against a real MLflow SQLite store."""
+
+import pytest
+from dagster import AssetKey, materialize
+
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+from video_assets.model import caption_prompt, vlm_model
+
+
+@pytest.fixture
+def registry(tmp_path):
+    return MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts"))
+
+
+@pytest.fixture
+def vlm(tiny_model_cache):
+    return VlmSettings(cache_dir=str(tiny_model_cache))
+
+
+def test_vlm_model_twice_is_one_version_behind_production(instance, registry, vlm, tmp_path):
+    resources = {"vlm": vlm, "mlflow_registry": registry}
+    first = materialize([vlm_model], instance=instance, resources=resources)
+    second = materialize([vlm_model], instance=instance, resources=resources)
+    assert first.success and second.success
+    client = registry.client()
+    versions = client.search_model_versions("name = 'video-captioner'")
+    assert len(versions) == 1
+    assert str(client.get_model_version_by_alias("video-captioner", "production").version) == str(versions[0].version)
+    mat = instance.get_latest_materialization_event(AssetKey("vlm_model")).asset_materialization
+    assert mat.metadata["model_uri"].value == "models:/video-captioner@production"
+    assert mat.metadata["new_version"].value is False
+    assert mat.metadata["size_bytes"].value > 0
+
+    # The artefact logged in path form loads back through the alias with the Auto classes.
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    folder, version = registry.download_model("video-captioner", "production", tmp_path / "dl")
+    assert version == str(versions[0].version)
+    AutoProcessor.from_pretrained(folder)
+    AutoModelForImageTextToText.from_pretrained(folder)
+
+
+def test_a_configurable_alias(instance, registry, tiny_model_cache):
+    vlm = VlmSettings(cache_dir=str(tiny_model_cache), alias="staging")
+    assert materialize([vlm_model], instance=instance, resources={"vlm": vlm, "mlflow_registry": registry}).success
+    assert str(registry.resolve_alias("video-captioner", "staging").version) == "1"
+
+
+def test_prompt_versions_only_change_with_the_text(instance, registry, vlm):
+    resources = {"vlm": vlm, "mlflow_registry": registry}
+    assert materialize([caption_prompt], instance=instance, resources=resources).success
+    assert materialize([caption_prompt], instance=instance, resources=resources).success
+    loaded = registry.load_prompt("video-caption", "production")
+    assert loaded.version == 1 and "timestamped" in loaded.template
+    changed = registry.register_prompt("video-caption", loaded.template + "\nBe brief.", alias="production")
+    assert changed.created and changed.version == 2
+    assert registry.load_prompt("video-caption", "production").version == 2
+
+
+def test_an_unreachable_hub_model_fails_with_a_clear_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    vlm = VlmSettings(cache_dir=str(tmp_path), model_source="Qwen/Qwen2.5-VL-7B-Instruct")
+    with pytest.raises(RuntimeError, match="could not fetch model 'Qwen/Qwen2.5-VL-7B-Instruct'"):
+        vlm.materialize_source()

@@ -1,0 +1,177 @@
+"""The captions asset: one Ray Data job per batch, model and prompt resolved through MLflow aliases."""
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, MetadataValue, asset
+from dagster_ray import RayResource
+from pydantic import Field
+
+from resources.delta import DeltaTables
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+from video_assets.captioning import EngineSpec, JobSpec, caption_rows
+from video_assets.ingest import video_metadata
+from video_assets.model import CAPTION_PROMPT_NAME, TINY_WARNING, caption_prompt, vlm_model
+from video_assets.partitions import video_batches
+from video_assets.previews import table_metadata
+from video_assets.sampling import SamplingConfig
+from video_assets.tables import CAPTIONS, KEYS, SCHEMAS, VIDEO_METADATA, column_schema, to_arrow
+
+WRITE_EVERY = 32  # rows per Delta merge: a crash loses at most this much work
+
+
+class CaptionsConfig(Config):
+    fps: float = Field(default=1.0, gt=0, description="Frames per second sampled")
+    min_frames: int = Field(default=8, ge=1, description="Floor for short clips")
+    max_frames: int = Field(default=16, ge=1, description="Cap per segment")
+    segment_s: float | None = Field(default=None, description="Split videos into clips of this many seconds")
+    scene_split: bool = Field(default=False, description="Split videos at scene cuts")
+    recaption: bool = Field(default=False, description="Caption again videos already captioned by this model+prompt")
+
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(
+            fps=self.fps, min_frames=self.min_frames, max_frames=self.max_frames,
+            segment_s=self.segment_s, scene_split=self.scene_split,
+        )
+
+
+def _engine_name(vlm: VlmSettings) -> str:
+    from video_assets.engines import choose_engine_name
+
+    return choose_engine_name(vlm.engine)
+
+
+def _skipped_rows(meta: pl.DataFrame) -> list[dict]:
+    """Videos the probe rejected: an error row each, so none is silently missing."""
+    return [
+        {"video_id": vid, "batch_key": batch, "uri": uri, "segment": 0, "frame_timestamps": [],
+         "prose": "", "status": "error", "error": f"not captioned: probe failed: {err}"}
+        for vid, batch, uri, err in meta.select("video_id", "batch_key", "uri", "error").iter_rows()
+    ]
+
+
+@asset(
+    partitions_def=video_batches,
+    deps=[video_metadata, vlm_model, caption_prompt],
+    group_name="inference",
+    kinds={"ray", "delta", "mlflow"},
+    owners=["team:video-platform"],
+    code_version="1",
+    metadata={"dagster/column_schema": column_schema(CAPTIONS)},
+)
+def captions(
+    context: AssetExecutionContext,
+    config: CaptionsConfig,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    ray_cluster: RayResource,
+) -> MaterializeResult:
+    """Timestamped prose per video (or per clip) from the VLM behind the MLflow alias, computed by one
+    Ray Data streaming job: a wide CPU stage decodes and samples frames, a narrow VLM stage captions.
+    Rows are merged on (video_id, segment, model_version, prompt_version), so reruns are idempotent."""
+    batch = context.partition_key
+    meta = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA]).filter(pl.col("batch_key") == batch)
+    if meta.is_empty():
+        raise Failure(f"video_metadata has no rows for batch {batch!r}: materialise it first")
+    try:
+        model_path, model_version = mlflow_registry.download_model(
+            vlm.registered_model, vlm.alias, Path(vlm.cache_dir) / "registry"
+        )
+        prompt = mlflow_registry.load_prompt(CAPTION_PROMPT_NAME, vlm.alias)
+    except Exception as exc:
+        raise Failure(
+            f"cannot resolve models:/{vlm.registered_model}@{vlm.alias} or prompts:/{CAPTION_PROMPT_NAME}@{vlm.alias} "
+            f"in {mlflow_registry.tracking_uri}: {exc}. Materialise vlm_model and caption_prompt first."
+        ) from exc
+    engine = _engine_name(vlm)
+    context.log.info(
+        f"models:/{vlm.registered_model}@{vlm.alias} -> v{model_version}, prompt v{prompt.version}, engine {engine}"
+    )
+    if vlm.is_tiny:
+        context.log.warning(TINY_WARNING)
+
+    existing = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])
+    done = set(
+        existing.filter(
+            (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt.version) & (pl.col("status") == "ok")
+        ).get_column("video_id").to_list()
+    )
+    good = meta.filter(pl.col("ok"))
+    todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(list(done)))
+    spec = JobSpec(
+        sampling=config.sampling(),
+        engine=EngineSpec(engine, str(model_path), vlm.device, vlm.vlm_batch_size, vlm.max_new_tokens),
+        prompt=prompt.template,
+        cpu_concurrency=vlm.cpu_concurrency,
+        vlm_concurrency=vlm.vlm_concurrency,
+        vlm_num_gpus=vlm.vlm_num_gpus,
+        vllm={
+            "model_source": str(model_path), "tensor_parallel_size": vlm.tensor_parallel_size,
+            "gpu_memory_utilization": vlm.gpu_memory_utilization, "max_num_seqs": vlm.max_num_seqs,
+            "max_model_len": vlm.max_model_len, "concurrency": vlm.vlm_concurrency,
+            "batch_size": vlm.vlm_batch_size, "max_new_tokens": vlm.max_new_tokens,
+        },
+    )
+    context.log.info(
+        f"batch {batch}: {todo.height} videos to caption, {good.height - todo.height} cached, "
+        f"{meta.height - good.height} rejected by the probe"
+    )
+    stamp = {"model_name": vlm.registered_model, "model_version": model_version,
+             "prompt_version": prompt.version, "engine": engine}
+    started = time.perf_counter()
+    pending = _skipped_rows(meta.filter(~pl.col("ok")))
+    written = cpu_s = engine_s = 0.0
+    n_rows = 0
+    for n_rows, row in enumerate(
+        caption_rows(todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts(), spec), start=1
+    ):
+        name = row["uri"].rsplit("/", 1)[-1]
+        if row["status"] == "ok":
+            context.log.info(f"[{n_rows}] {name} segment {row['segment']}: {row['output_tokens']} tokens in {row['latency_s']:.2f}s")
+        else:
+            context.log.warning(f"[{n_rows}] {name}: {row['error']}")
+        cpu_s += row.get("decode_s") or 0.0
+        engine_s += row.get("engine_s") or 0.0
+        pending.append(row)
+        if len(pending) >= WRITE_EVERY:
+            written += _write(tables, pending, stamp)
+            pending = []
+    written += _write(tables, pending, stamp)
+    wall_s = time.perf_counter() - started
+
+    out = tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(
+        (pl.col("batch_key") == batch) & (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt.version)
+    )
+    errors = out.filter(pl.col("status") == "error")
+    return MaterializeResult(
+        metadata={
+            **table_metadata(tables.table_uri(CAPTIONS), out, tables.read(CAPTIONS).height,
+                             ["uri", "segment", "status", "prose", "error"]),
+            "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{vlm.alias}"),
+            "model_version": MetadataValue.text(model_version),
+            "prompt_version": MetadataValue.int(prompt.version),
+            "engine": MetadataValue.text(engine),
+            "videos_captioned": MetadataValue.int(todo.height),
+            "videos_cached": MetadataValue.int(good.height - todo.height),
+            "error_rows": MetadataValue.int(errors.height),
+            "rows_written": MetadataValue.int(int(written)),
+            "job_wall_s": MetadataValue.float(round(wall_s, 3)),
+            "cpu_stage_s": MetadataValue.float(round(cpu_s, 3)),
+            "engine_busy_s": MetadataValue.float(round(engine_s, 3)),
+            "output_tokens": MetadataValue.int(int(out.get_column("output_tokens").sum() or 0)),
+        }
+    )
+
+
+def _write(tables: DeltaTables, rows: list[dict], stamp: dict) -> int:
+    if not rows:
+        return 0
+    now = datetime.now(timezone.utc)
+    cols = [f.name for f in SCHEMAS[CAPTIONS]]
+    full = [{**{c: r.get(c) for c in cols}, **stamp, "captioned_at": now} for r in rows]
+    tables.merge(CAPTIONS, to_arrow(CAPTIONS, full), KEYS[CAPTIONS])
+    return len(full)

@@ -1,0 +1,77 @@
+"""Model-group assets: the captioning VLM in the MLflow registry and the versioned caption prompt."""
+
+from pathlib import Path
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+
+CAPTION_PROMPT_NAME = "video-caption"
+CAPTION_PROMPT_FILE = Path(__file__).parent / "prompts" / "caption.txt"
+TINY_WARNING = (
+    "TINY RANDOM TEST MODEL: captions are nonsense. Set VLM_MODEL_SOURCE to a hub id "
+    "(e.g. Qwen/Qwen2.5-VL-7B-Instruct) or a local folder of real weights."
+)
+
+
+def _size_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+@asset(
+    group_name="model",
+    kinds={"mlflow"},
+    owners=["team:video-platform"],
+    code_version="1",
+    description="The captioning VLM registered in MLflow in path form, behind an alias (default `production`). "
+    "Idempotent: the same source and revision does not create a new version.",
+)
+def vlm_model(context: AssetExecutionContext, vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> MaterializeResult:
+    folder, fingerprint = vlm.materialize_source()
+    registered = mlflow_registry.register_model_folder(
+        folder,
+        name=vlm.registered_model,
+        alias=vlm.alias,
+        source=vlm.model_source,
+        fingerprint=fingerprint,
+        tags={"revision": vlm.model_revision or ""},
+    )
+    verb = "registered as new version" if registered.created else "already registered as version"
+    context.log.info(f"{vlm.model_source}: {verb} {registered.version}; {registered.uri} -> v{registered.version}")
+    if vlm.is_tiny:
+        context.log.warning(TINY_WARNING)
+    return MaterializeResult(
+        metadata={
+            "model_uri": MetadataValue.text(registered.uri),
+            "version": MetadataValue.text(registered.version),
+            "source": MetadataValue.text(vlm.model_source),
+            "fingerprint": MetadataValue.text(fingerprint),
+            "size_bytes": MetadataValue.int(_size_bytes(folder)),
+            "new_version": MetadataValue.bool(registered.created),
+            "tracking_uri": MetadataValue.text(mlflow_registry.tracking_uri),
+            **({"warning": MetadataValue.text(TINY_WARNING)} if vlm.is_tiny else {}),
+        }
+    )
+
+
+@asset(
+    group_name="model",
+    kinds={"mlflow"},
+    owners=["team:video-platform"],
+    code_version="1",
+    description="The caption prompt (video_assets/prompts/caption.txt) in the MLflow prompt registry; "
+    "a new version only when the text changes; the alias follows the newest text.",
+)
+def caption_prompt(context: AssetExecutionContext, vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> MaterializeResult:
+    template = CAPTION_PROMPT_FILE.read_text().strip()
+    prompt = mlflow_registry.register_prompt(CAPTION_PROMPT_NAME, template, alias=vlm.alias)
+    context.log.info(f"prompt {prompt.uri} -> version {prompt.version} ({'new' if prompt.created else 'unchanged'})")
+    return MaterializeResult(
+        metadata={
+            "prompt_uri": MetadataValue.text(prompt.uri),
+            "version": MetadataValue.int(prompt.version),
+            "new_version": MetadataValue.bool(prompt.created),
+            "template": MetadataValue.md(f"```\n{template}\n```"),
+        }
+    )
