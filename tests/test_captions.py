@@ -11,6 +11,7 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
 from video_assets.captions import captions
+from video_assets.checks import caption_checks
 from video_assets.ingest import raw_videos, video_metadata
 from video_assets.model import caption_prompt, vlm_model
 from video_assets.partitions import video_batches
@@ -40,10 +41,12 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
 
     def caption():
         result = materialize(
-            [captions, vlm_model, caption_prompt, raw_videos, video_metadata],
-            selection=[captions], partition_key=key, instance=instance, resources=res, run_config=RUN_CONFIG,
+            [captions, vlm_model, caption_prompt, raw_videos, video_metadata, *caption_checks],
+            selection=[captions, *caption_checks], partition_key=key, instance=instance, resources=res, run_config=RUN_CONFIG,
         )
         assert result.success
+        checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+        assert checks == {"captions_unique_key": True, "captions_required_columns": True}
         return pl.read_delta(res["tables"].table_uri("captions"))
 
     rows = caption()

@@ -5,12 +5,16 @@ import polars as pl
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, Field, asset_check
 
 from resources.delta import DeltaTables
+from video_assets.captions import captions
 from video_assets.ingest import raw_videos, video_metadata
-from video_assets.tables import RAW_VIDEOS, SCHEMAS, VIDEO_METADATA, required_columns
+from video_assets.tables import CAPTIONS, KEYS, RAW_VIDEOS, SCHEMAS, VIDEO_METADATA, required_columns
 
 
-def duplicate_ids(df: pl.DataFrame, key: str = "video_id") -> list[str]:
-    return df.group_by(key).len().filter(pl.col("len") > 1).get_column(key).to_list()
+def duplicate_ids(df: pl.DataFrame, keys: list[str] | None = None) -> list:
+    """Key values present more than once (tuples for composite keys)."""
+    keys = keys or ["video_id"]
+    dups = df.group_by(keys).len().filter(pl.col("len") > 1)
+    return [row[0] if len(keys) == 1 else list(row) for row in dups.select(keys).iter_rows()]
 
 
 def null_counts(df: pl.DataFrame, columns: list[str]) -> dict[str, int]:
@@ -19,8 +23,8 @@ def null_counts(df: pl.DataFrame, columns: list[str]) -> dict[str, int]:
 
 def _unique(tables: DeltaTables, name: str) -> AssetCheckResult:
     df = tables.read(name, SCHEMAS[name])
-    dups = duplicate_ids(df)
-    return AssetCheckResult(passed=not dups, metadata={"rows": df.height, "duplicate_ids": dups[:20]})
+    dups = duplicate_ids(df, KEYS[name])
+    return AssetCheckResult(passed=not dups, metadata={"rows": df.height, "duplicate_keys": dups[:20]})
 
 
 def _not_null(tables: DeltaTables, name: str) -> AssetCheckResult:
@@ -70,6 +74,19 @@ def video_metadata_not_ok_ratio(context: AssetCheckExecutionContext, tables: Del
     )
 
 
+@asset_check(asset=captions, description="One row per (video_id, segment, model_version, prompt_version).")
+def captions_unique_key(tables: DeltaTables) -> AssetCheckResult:
+    return _unique(tables, CAPTIONS)
+
+
+@asset_check(asset=captions, description="Required caption columns are never null; ok rows have prose.")
+def captions_required_columns(tables: DeltaTables) -> AssetCheckResult:
+    df = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])
+    nulls = null_counts(df, required_columns(CAPTIONS))
+    empty = df.filter((pl.col("status") == "ok") & (pl.col("prose").fill_null("").str.len_chars() == 0)).height
+    return AssetCheckResult(passed=not nulls and empty == 0, metadata={"rows": df.height, "null_counts": nulls, "ok_rows_without_prose": empty})
+
+
 ingest_checks = [
     raw_videos_unique_id,
     raw_videos_required_columns,
@@ -77,3 +94,4 @@ ingest_checks = [
     video_metadata_required_columns,
     video_metadata_not_ok_ratio,
 ]
+caption_checks = [captions_unique_key, captions_required_columns]
