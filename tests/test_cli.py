@@ -1,4 +1,5 @@
-"""The command-line path CI uses: register the volume, then `dagster asset materialize` a partition."""
+"""The command-line path CI uses: register the volume, then `dagster asset materialize` the model
+assets and the whole per-batch graph for a partition, each in a subprocess."""
 
 import os
 import subprocess
@@ -26,11 +27,12 @@ def test_register_then_dagster_asset_materialize(dagster_home, volume_dir):
     out = sh([str(BIN / "video-assets"), "register"], env)
     keys = [line.split()[-1] for line in out.splitlines() if line.strip().startswith("new batch")]
     assert len(keys) == 1
-    sh(
-        [str(BIN / "dagster"), "asset", "materialize", "-m", "video_assets.definitions",
-         "--select", "raw_videos,video_metadata", "--partition", keys[0]],
-        env,
-    )
+    materialize = [str(BIN / "dagster"), "asset", "materialize", "-m", "video_assets.definitions", "--select"]
+    sh(materialize + ["vlm_model,caption_prompt"], env)
+    sh(materialize + ["raw_videos,video_metadata,captions", "--partition", keys[0]], env)
     meta = pl.read_delta(str(dagster_home / "tables" / "video_metadata"))
     assert sorted(meta["uri"].str.split("/").list.last()) == ["asl_eat.mkv", "realshort.mp4"]
     assert meta["ok"].all()
+    caps = pl.read_delta(str(dagster_home / "tables" / "captions"))
+    assert sorted(caps["uri"].str.split("/").list.last()) == ["asl_eat.mkv", "realshort.mp4"]
+    assert (caps["status"] == "ok").all() and (caps["prose"].str.len_chars() > 0).all()
