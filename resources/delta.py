@@ -13,7 +13,6 @@ from pydantic import Field
 
 COMMIT_RETRIES = 5  # concurrent runs of different batches may race on a commit; delta-rs reports it
 
-
 class DeltaTables(ConfigurableResource):
     """Reads with polars, writes idempotent merges with deltalake."""
 
@@ -83,6 +82,21 @@ class DeltaTables(ConfigurableResource):
                     raise
                 time.sleep(0.5 * (attempt + 1))
         raise AssertionError("unreachable")
+
+    def maintain(self, name: str, retention_hours: int = 168) -> dict:
+        """Compact small files (every merge adds some), then vacuum files unreferenced for longer
+        than ``retention_hours``: a week by default, so readers of older versions never break."""
+        if not self.exists(name):
+            return {"table": name, "skipped": "does not exist"}
+        table = DeltaTable(self.table_uri(name), storage_options=self._options())
+        compacted = table.optimize.compact()
+        removed = table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+        return {
+            "table": name,
+            "files_added": compacted.get("numFilesAdded", 0),
+            "files_removed": compacted.get("numFilesRemoved", 0),
+            "vacuumed": len(removed),
+        }
 
     def delete(self, name: str, predicate: str) -> None:
         if self.exists(name):

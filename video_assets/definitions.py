@@ -24,6 +24,7 @@ from video_assets.checks import caption_checks, ingest_checks
 from video_assets.ingest import raw_videos, video_metadata
 from video_assets.jobs import batch_pipeline_job, register_model_job
 from video_assets.model import caption_prompt, vlm_model
+from video_assets.schedules import table_maintenance, table_maintenance_schedule
 from video_assets.sensors import upload_sensor
 
 
@@ -49,7 +50,8 @@ def build_resources() -> dict:
 defs = Definitions(
     assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions],
     asset_checks=[*ingest_checks, *caption_checks],
-    jobs=[batch_pipeline_job, register_model_job],
+    jobs=[batch_pipeline_job, register_model_job, table_maintenance],
+    schedules=[table_maintenance_schedule],
     sensors=[upload_sensor],
     resources=build_resources(),
 )
