@@ -21,6 +21,7 @@ from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from resources.volume import VideoVolume
 from video_assets.captions import captions
 from video_assets.checks import caption_checks, ingest_checks
+from video_assets.golden import golden_set
 from video_assets.ingest import raw_videos, video_metadata
 from video_assets.jobs import batch_pipeline_job, register_model_job
 from video_assets.model import caption_prompt, vlm_model
@@ -48,7 +49,7 @@ def build_resources() -> dict:
 
 
 defs = Definitions(
-    assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions],
+    assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions, golden_set],
     asset_checks=[*ingest_checks, *caption_checks],
     jobs=[batch_pipeline_job, register_model_job, table_maintenance],
     schedules=[table_maintenance_schedule],

@@ -11,6 +11,7 @@ BATCH_MANIFEST = "batch_manifest"
 RAW_VIDEOS = "raw_videos"
 VIDEO_METADATA = "video_metadata"
 CAPTIONS = "captions"
+GOLDEN_SET = "golden_set"
 
 SCHEMAS: dict[str, pa.Schema] = {
     BATCH_MANIFEST: pa.schema(
@@ -81,6 +82,22 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("captioned_at", _TS, nullable=False, metadata={"doc": "when written"}),
         ]
     ),
+    GOLDEN_SET: pa.schema(
+        [
+            pa.field("use_case", pa.string(), nullable=False, metadata={"doc": "use case the labels belong to"}),
+            pa.field("labels_version", pa.string(), nullable=False, metadata={"doc": "sha256 prefix of the labels file"}),
+            pa.field("file", pa.string(), nullable=False, metadata={"doc": "file name of the labelled clip"}),
+            pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the clip's bytes"}),
+            pa.field("verdict", pa.string(), nullable=False, metadata={"doc": "confirmed | suspected | possible | none"}),
+            pa.field(
+                "events",
+                pa.list_(pa.struct([("start_s", pa.float64()), ("end_s", pa.float64()), ("actor", pa.string()),
+                                    ("action", pa.string()), ("object", pa.string())])),
+                metadata={"doc": "expected events"},
+            ),
+            pa.field("reference_caption", pa.string(), metadata={"doc": "a person's timestamped description"}),
+        ]
+    ),
 }
 
 KEYS: dict[str, list[str]] = {
@@ -88,6 +105,7 @@ KEYS: dict[str, list[str]] = {
     RAW_VIDEOS: ["video_id"],
     VIDEO_METADATA: ["video_id"],
     CAPTIONS: ["video_id", "segment", "model_version", "prompt_version"],
+    GOLDEN_SET: ["use_case", "video_id"],
 }
 
 
