@@ -24,6 +24,25 @@ class VolumeFile:
     mtime: float  # seconds since the epoch
 
 
+def is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem holding ``uri`` and the path within it."""
+    if is_remote(uri):
+        return pafs.FileSystem.from_uri(uri)
+    return pafs.LocalFileSystem(), uri.removeprefix("file://")
+
+
+def open_media(uri: str) -> str | IO[bytes]:
+    """What PyAV should open: a local path (FFmpeg does its own I/O) or a seekable remote stream."""
+    if not is_remote(uri):
+        return uri.removeprefix("file://")
+    fs, path = resolve(uri)
+    return fs.open_input_file(path)
+
+
 def sha256_stream(stream: IO[bytes], chunk: int = HASH_CHUNK) -> str:
     digest = hashlib.sha256()
     while True:
@@ -48,7 +67,7 @@ class VideoVolume(ConfigurableResource):
     )
 
     def _fs(self) -> tuple[pafs.FileSystem, str, bool]:
-        if "://" in self.uri and not self.uri.startswith("file://"):
+        if is_remote(self.uri):
             fs, root = pafs.FileSystem.from_uri(self.uri)
             return fs, root, True
         local = self.uri.removeprefix("file://")
@@ -89,15 +108,7 @@ class VideoVolume(ConfigurableResource):
         return VolumeFile(uri, int(info.size or 0), mtime)
 
     def _resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
-        if "://" in uri and not uri.startswith("file://"):
-            return pafs.FileSystem.from_uri(uri)
-        return pafs.LocalFileSystem(), uri.removeprefix("file://")
-
-    def local_path(self, uri: str) -> str | None:
-        """A path FFmpeg can open itself, or None for object-store URIs."""
-        if "://" in uri and not uri.startswith("file://"):
-            return None
-        return uri.removeprefix("file://")
+        return resolve(uri)
 
     def open(self, uri: str) -> IO[bytes]:
         """A seekable binary stream (PyAV reads remote objects through it without a local copy)."""

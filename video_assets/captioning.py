@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import numpy as np
 import ray
 
+from resources.volume import open_media
 from video_assets.sampling import SamplingConfig, sample_video
 
 
@@ -55,21 +56,11 @@ class ErrorSink:
         return self.rows
 
 
-def open_source(uri: str):
-    """A path for FFmpeg, or a seekable stream for object-store URIs."""
-    if "://" in uri and not uri.startswith("file://"):
-        import pyarrow.fs as pafs
-
-        fs, path = pafs.FileSystem.from_uri(uri)
-        return fs.open_input_file(path)
-    return uri.removeprefix("file://")
-
-
 def decode_and_sample(row: dict, sampling: SamplingConfig, sink) -> list[dict]:
     """CPU stage: one video in, one row per segment out (frames included); failures go to ``sink``."""
     started = time.perf_counter()
     try:
-        sampled = sample_video(open_source(row["uri"]), sampling, row.get("duration_s"), row.get("rotation"))
+        sampled = sample_video(open_media(row["uri"]), sampling, row.get("duration_s"), row.get("rotation"))
     except Exception as exc:  # one bad video becomes an error row, never a failed job
         sink.add.remote(
             {**_ids(row), "segment": 0, "error": f"{exc.__class__.__name__}: {exc}",

@@ -8,7 +8,7 @@ import polars as pl
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, asset
 
 from resources.delta import DeltaTables
-from resources.volume import VideoVolume
+from resources.volume import VideoVolume, open_media
 from video_assets.partitions import video_batches
 from video_assets.previews import table_metadata
 from video_assets.probe import ProbeResult, probe
@@ -85,15 +85,16 @@ def raw_videos(context: AssetExecutionContext, volume: VideoVolume, tables: Delt
         }
     )
 
-def probe_file(volume: VideoVolume, uri: str, size_bytes: int) -> ProbeResult:
-    """Probe through the volume: a local path for FFmpeg, a seekable stream for object stores."""
+def probe_file(uri: str, size_bytes: int) -> ProbeResult:
+    """Probe a local path directly, an object-store URI through a seekable stream."""
     if size_bytes == 0:
         return ProbeResult(ok=False, error="empty file (0 bytes)")
-    local = volume.local_path(uri)
-    if local is not None:
-        return probe(local)
-    with volume.open(uri) as stream:
+    source = open_media(uri)
+    if isinstance(source, str):
+        return probe(source)
+    with source as stream:
         return probe(stream)
+
 
 @asset(
     partitions_def=video_batches,
@@ -105,7 +106,7 @@ def probe_file(volume: VideoVolume, uri: str, size_bytes: int) -> ProbeResult:
     code_version="1",
     metadata={"dagster/column_schema": column_schema(VIDEO_METADATA)},
 )
-def video_metadata(context: AssetExecutionContext, volume: VideoVolume, tables: DeltaTables) -> MaterializeResult:
+def video_metadata(context: AssetExecutionContext, tables: DeltaTables) -> MaterializeResult:
     """Container, codec, size, rotation, frame rates, duration, frame and keyframe facts probed with
     PyAV in-process. A file that is not a usable video is a row with ok=false and the reason."""
     batch = context.partition_key
@@ -117,7 +118,7 @@ def video_metadata(context: AssetExecutionContext, volume: VideoVolume, tables: 
     now = datetime.now(timezone.utc)
     rows = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = pool.map(lambda item: probe_file(volume, item[1], item[2]), items)
+        results = pool.map(lambda item: probe_file(item[1], item[2]), items)
         for i, ((vid, uri, _), result) in enumerate(zip(items, results), start=1):
             name = uri.rsplit("/", 1)[-1]
             if result.ok:
