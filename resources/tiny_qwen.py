@@ -134,7 +134,7 @@ _CORPUS = [
 ]
 
 
-def _is_complete(dest: Path, seed: int) -> bool:
+def _is_complete(dest: Path, seed: int, prefer: str | None = None) -> bool:
     marker = dest / MARKER
     if not marker.is_file():
         return False
@@ -142,13 +142,17 @@ def _is_complete(dest: Path, seed: int) -> bool:
         info = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
-    if info.get("version") != BUILD_VERSION or info.get("seed") != seed:
+    if info.get("version") != BUILD_VERSION or info.get("seed") != seed or info.get("prefer") != prefer:
         return False
     return all((dest / name).is_file() for name in info.get("files", []))
 
 
-def build_tiny_qwen25_vl(dest: str | Path, seed: int = 0) -> Path:
+def build_tiny_qwen25_vl(dest: str | Path, seed: int = 0, prefer: str | None = None) -> Path:
     """Build (or reuse) the tiny random Qwen2.5-VL in ``dest`` and return its path.
+
+    ``prefer`` (one of ``PREFERENCES``) builds a model with a fixed, context-free token preference
+    instead of random output (see ``_pin_preference``): under a JSON grammar it always answers that
+    verdict with no events. Tests use it to get a candidate model that is predictably better or worse.
 
     Loadable with ``AutoProcessor.from_pretrained(dest)`` and
     ``AutoModelForImageTextToText.from_pretrained(dest)``. Deterministic for a given ``seed``, so the
@@ -156,27 +160,64 @@ def build_tiny_qwen25_vl(dest: str | Path, seed: int = 0) -> Path:
     of the same version and seed is returned untouched.
     """
     dest = Path(dest).expanduser().resolve()
-    if _is_complete(dest, seed):
+    if _is_complete(dest, seed, prefer):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.building-", dir=dest.parent))
     try:
-        _build_into(tmp, seed)
+        _build_into(tmp, seed, prefer)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the built model is ordinary shared data
-        if _is_complete(dest, seed):  # someone else finished first
+        if _is_complete(dest, seed, prefer):  # someone else finished first
             return dest
         if dest.exists():
             shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
         try:
             os.rename(tmp, dest)
         except OSError:
-            if _is_complete(dest, seed):  # lost a race to a concurrent builder
+            if _is_complete(dest, seed, prefer):  # lost a race to a concurrent builder
                 return dest
             raise
         return dest
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Characters in order of preference: close strings, arrays and objects as early as the grammar allows,
+# then the verdict's first letter and the confidence digit. Everything else ranks below.
+PREFERENCES = {"none": '"]},n0', "confirmed": '"]},c1'}
+
+
+def _pin_preference(model, tokenizer, special_ids, prefer: str) -> None:
+    """Make the next-token scores the same at every position: a fixed ranking of the vocabulary.
+
+    Residual dimension 0 is set to 1 in every token embedding and no layer writes to it (row 0 of every
+    o_proj and down_proj is zero), so after the final RMSNorm (weight 1 on dim 0 only) the hidden
+    state is (c, 0, ..., 0) with c > 0 at every position, and the logits are c * lm_head[:, 0].
+    """
+    import torch
+
+    if prefer not in PREFERENCES:
+        raise ValueError(f"prefer must be one of {sorted(PREFERENCES)}, not {prefer!r}")
+    order = PREFERENCES[prefer]
+    lm = model.model.language_model
+    specials = set(special_ids)
+    scores = torch.full((model.get_output_embeddings().weight.shape[0],), -1.0)
+    for tid in range(len(tokenizer)):
+        text = tokenizer.decode([tid])
+        if tid in specials:
+            scores[tid] = -100.0
+        elif text and text[0] in order:
+            scores[tid] = 100.0 - 10.0 * order.index(text[0]) + 0.01 * len(text)
+    model.get_input_embeddings().weight[:, 0] = 1.0
+    for layer in lm.layers:
+        layer.self_attn.o_proj.weight[0, :] = 0.0
+        layer.mlp.down_proj.weight[0, :] = 0.0
+    lm.norm.weight.zero_()
+    lm.norm.weight[0] = 1.0
+    head = model.get_output_embeddings().weight
+    head.zero_()
+    head[:, 0] = scores
 
 
 def _train_tokenizer():
@@ -206,7 +247,7 @@ def _train_tokenizer():
     return model["vocab"], merges
 
 
-def _build_into(folder: Path, seed: int) -> None:
+def _build_into(folder: Path, seed: int, prefer: str | None = None) -> None:
     import torch
     from transformers import (
         Qwen2_5_VLConfig,
@@ -290,6 +331,8 @@ def _build_into(folder: Path, seed: int) -> None:
         head = model.get_output_embeddings().weight
         for tid in ids.values():
             head[tid].zero_()
+        if prefer is not None:
+            _pin_preference(model, tokenizer, ids.values(), prefer)
     model.name_or_path = TINY_MODEL_NAME
     gen = model.generation_config
     gen.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
@@ -344,7 +387,8 @@ def _build_into(folder: Path, seed: int) -> None:
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     (folder / MARKER).write_text(
         json.dumps(
-            {"name": TINY_MODEL_NAME, "warning": WARNING, "version": BUILD_VERSION, "seed": seed, "files": files},
+            {"name": TINY_MODEL_NAME, "warning": WARNING, "version": BUILD_VERSION, "seed": seed,
+             "prefer": prefer, "files": files},
             indent=2,
             ensure_ascii=False,
         )

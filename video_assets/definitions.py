@@ -17,10 +17,12 @@ from resources.settings import (
     env_or,
     ray_init_options,
 )
+from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from resources.volume import VideoVolume
 from video_assets.captions import captions
 from video_assets.checks import caption_checks, ingest_checks
+from video_assets.events import routed_events, structured_events
 from video_assets.golden import golden_set
 from video_assets.ingest import raw_videos, video_metadata
 from video_assets.jobs import batch_pipeline_job, register_model_job
@@ -43,13 +45,18 @@ def build_resources() -> dict:
             engine=env_or("VLM_ENGINE", "auto"),
             cache_dir=env_or("VLM_CACHE_DIR", default_models_dir()),
         ),
+        "structurer": StructurerSettings(
+            use_cases=env_or("VIDEO_USE_CASES", "object_handling"),
+            model=env_or("STRUCTURER_MODEL", CAPTIONER),
+            engine=env_or("STRUCTURER_ENGINE", "auto"),
+        ),
         # Connects to RAY_ADDRESS when set (ray.init reads it); an embedded local Ray otherwise.
         "ray_cluster": LocalRay(ray_init_options=ray_init_options()),
     }
 
 
 defs = Definitions(
-    assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions, golden_set],
+    assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions, structured_events, routed_events, golden_set],
     asset_checks=[*ingest_checks, *caption_checks],
     jobs=[batch_pipeline_job, register_model_job, table_maintenance],
     schedules=[table_maintenance_schedule],

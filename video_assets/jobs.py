@@ -2,7 +2,10 @@ from dagster import AssetSelection, define_asset_job
 
 # Every per-batch asset downstream of the registry; later stages join this selection by being
 # partitioned by video_batches and depending on it.
-per_batch_assets = AssetSelection.assets("raw_videos").downstream().required_multi_asset_neighbors()
+# (The evaluation group reads every batch at once: it is not part of a batch's run.)
+per_batch_assets = (
+    AssetSelection.assets("raw_videos").downstream().required_multi_asset_neighbors() - AssetSelection.groups("evaluation")
+)
 
 batch_pipeline_job = define_asset_job(
     name="batch_pipeline",

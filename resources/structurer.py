@@ -1,0 +1,29 @@
+"""Which use cases are structured, by which model, and within what bounds."""
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+CAPTIONER = "captioner"  # structure with the captioning VLM itself (the version that wrote the caption)
+
+
+class StructurerSettings(ConfigurableResource):
+    use_cases: str = Field(default="object_handling", description="Comma-separated use cases (video_assets/usecases/<name>)")
+    model: str = Field(
+        default=CAPTIONER,
+        description=f"'{CAPTIONER}' (the captioning VLM) or a separate text model: a hub id or local folder",
+    )
+    engine: str = Field(default="auto", description="auto | transformers | vllm")
+    device: str = Field(default="auto", description="transformers device: auto | cpu | cuda")
+    batch_size: int = Field(default=4, ge=1)
+    max_new_tokens: int = Field(
+        default=1024, ge=1,
+        description="First-pass cap; at or above the longest output the schema admits, so a complete record always fits",
+    )
+    retry_max_new_tokens: int = Field(default=16, ge=1, description="Cap of the verdict-only retry")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM")
+    max_model_len: int = Field(default=8192, ge=256, description="vLLM")
+
+    def vllm_settings(self) -> dict:
+        return {"tensor_parallel_size": self.tensor_parallel_size, "batch_size": self.batch_size,
+                "gpu_memory_utilization": self.gpu_memory_utilization, "max_model_len": self.max_model_len}
