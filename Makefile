@@ -7,7 +7,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export MLFLOW_ENABLE_TELEMETRY ?= false
 
-.PHONY: demo test ui install clean-data
+.PHONY: demo test ui mlflow-ui install clean-data
 
 # The stamp is refreshed when pyproject.toml changes, so a new dependency is installed.
 $(BIN)/.installed: pyproject.toml
@@ -28,6 +28,10 @@ test: $(BIN)/.installed
 
 ui: $(BIN)/.installed
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+# The MLflow UI on the embedded SQLite store (the evaluation metadata links to it).
+mlflow-ui: $(BIN)/.installed
+	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(DAGSTER_HOME)/mlflow.db}" -h 127.0.0.1 -p 5000
 
 clean-data:
 	find dagster_home -mindepth 1 ! -name dagster.yaml -exec rm -rf {} +

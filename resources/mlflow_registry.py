@@ -129,6 +129,48 @@ class MlflowRegistry(ConfigurableResource):
     def resolve_alias(self, name: str, alias: str):
         return self.client().get_model_version_by_alias(name, alias)
 
+    # -- aliases (models and prompts alike: kind is "model" or "prompt") ----------------------------
+    def alias_version(self, kind: str, name: str, alias: str) -> str | None:
+        """The version behind ``alias`` as a string, or None when the alias (or the name) does not exist."""
+        client = self.client()
+        try:
+            v = client.get_model_version_by_alias(name, alias) if kind == "model" else client.get_prompt_version_by_alias(name, alias)
+        except Exception:
+            return None
+        return str(v.version)
+
+    def set_alias(self, kind: str, name: str, alias: str, version: str | int) -> None:
+        client = self.client()
+        if kind == "model":
+            client.set_registered_model_alias(name, alias, str(version))
+        else:
+            client.set_prompt_alias(name, alias, int(version))
+
+    def delete_alias(self, kind: str, name: str, alias: str) -> None:
+        if self.alias_version(kind, name, alias) is None:
+            return
+        client = self.client()
+        if kind == "model":
+            client.delete_registered_model_alias(name, alias)
+        else:
+            client.delete_prompt_alias(name, alias)
+
+    def place_new_version(self, kind: str, name: str, version: str | int, production: str = "production",
+                          challenger: str = "challenger", skip_gate: bool = False) -> str:
+        """Where a (possibly new) version goes: behind ``production`` when there is none yet (or
+        ``skip_gate``), nowhere new when it already is production, else behind ``challenger`` for the
+        promotion job to evaluate. Returns the alias it is behind."""
+        current = self.alias_version(kind, name, production)
+        if current is None or skip_gate:
+            self.set_alias(kind, name, production, version)
+            if self.alias_version(kind, name, challenger) == str(version):
+                self.delete_alias(kind, name, challenger)
+            return production
+        if current == str(version):
+            return production
+        self.set_alias(kind, name, challenger, version)
+        return challenger
+
     def download_model(self, name: str, alias: str, dest: Path) -> tuple[Path, str]:
         """Download ``models:/name@alias`` to ``dest`` (cached per version); returns the model folder and version."""
         import mlflow.artifacts
@@ -142,8 +184,8 @@ class MlflowRegistry(ConfigurableResource):
         return model_dir(target), str(version.version)
 
     # -- prompts ------------------------------------------------------------------------------
-    def register_prompt(self, name: str, template: str, alias: str, commit_message: str = "") -> RegisteredPrompt:
-        """A new prompt version only when the text changed; ``alias`` then points at it."""
+    def register_prompt(self, name: str, template: str, alias: str | None, commit_message: str = "") -> RegisteredPrompt:
+        """A new prompt version only when the text changed; ``alias`` (unless None) then points at it."""
         mlflow = self._mlflow()
         try:
             latest = mlflow.genai.load_prompt(f"prompts:/{name}@latest", link_to_model=False)
@@ -154,8 +196,9 @@ class MlflowRegistry(ConfigurableResource):
         else:
             pv = mlflow.genai.register_prompt(name=name, template=template, commit_message=commit_message or None)
             version, created = int(pv.version), True
-        mlflow.genai.set_prompt_alias(name, alias, version)
-        return RegisteredPrompt(name, version, alias, template, created)
+        if alias is not None:
+            mlflow.genai.set_prompt_alias(name, alias, version)
+        return RegisteredPrompt(name, version, alias or "", template, created)
 
     def load_prompt(self, name: str, alias: str) -> RegisteredPrompt:
         mlflow = self._mlflow()

@@ -395,3 +395,38 @@ def _build_into(folder: Path, seed: int, prefer: str | None = None) -> None:
         + "\n",
         encoding="utf-8",
     )
+
+
+def build_tiny_text_model(vlm_folder: str | Path, dest: str | Path) -> Path:
+    """The language half of a tiny Qwen2.5-VL saved as a plain ``Qwen2ForCausalLM`` (same tokenizer,
+    same weights): a separate *text* model for tests of the structuring step. Idempotent."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    dest = Path(dest).expanduser().resolve()
+    if (dest / "config.json").is_file() and (dest / "tokenizer_config.json").is_file():
+        return dest
+    vlm = AutoModelForImageTextToText.from_pretrained(str(vlm_folder), dtype=torch.float32)
+    tc = vlm.config.text_config
+    config = Qwen2Config(
+        vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+        num_hidden_layers=tc.num_hidden_layers, num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=tc.num_key_value_heads, max_position_embeddings=tc.max_position_embeddings,
+        rms_norm_eps=tc.rms_norm_eps, tie_word_embeddings=False, bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id,
+    )
+    text = Qwen2ForCausalLM(config).eval()
+    state = {k: v for k, v in vlm.model.language_model.state_dict().items()}
+    missing, unexpected = text.model.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        text.lm_head.weight.copy_(vlm.lm_head.weight)
+    text.generation_config.eos_token_id = vlm.generation_config.eos_token_id
+    text.generation_config.pad_token_id = vlm.generation_config.pad_token_id
+    tmp = dest.with_name(dest.name + ".building")
+    shutil.rmtree(tmp, ignore_errors=True)
+    text.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(vlm_folder)).save_pretrained(tmp)
+    (tmp / "README.md").write_text(f"# tiny text model\n\n**{WARNING}.** The language model of {Path(vlm_folder).name}.\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.rename(tmp, dest)
+    return dest

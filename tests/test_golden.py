@@ -39,8 +39,10 @@ def test_golden_set_asset_writes_delta(instance, resources):
     assert materialize([golden_set], instance=instance, resources=resources).success
     assert materialize([golden_set], instance=instance, resources=resources).success  # idempotent
     df = pl.read_delta(resources["tables"].table_uri("golden_set"))
+    assert sorted(df["use_case"].unique()) == ["loss_prevention", "object_handling"]
+    df = df.filter(pl.col("use_case") == "object_handling")
     assert df.height == 24 and df["video_id"].n_unique() == 24
     bottle = df.filter(pl.col("file") == "bottle-detection.mp4")
     assert bottle["verdict"][0] == "confirmed" and len(bottle["events"][0]) >= 2
     mat = instance.get_latest_materialization_event(AssetKey("golden_set")).asset_materialization
-    assert mat.metadata["verdict_counts"].value["none"] == 17
+    assert mat.metadata["verdict_counts"].value["none"] == 17 + 24  # loss_prevention's are all none

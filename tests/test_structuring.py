@@ -146,3 +146,15 @@ def test_vllm_rows_carry_the_schema_as_structured_outputs(uc):
     cfg = vllm_processor_config("Qwen/Qwen2.5-VL-7B-Instruct", {"tensor_parallel_size": 2})
     assert cfg.engine_kwargs["structured_outputs_config"] == {"backend": "xgrammar"}
     assert cfg.engine_kwargs["tensor_parallel_size"] == 2
+
+
+def test_a_separate_text_model_structures_too(tmp_path, uc):
+    from resources.tiny_qwen import build_tiny_text_model
+
+    text_model = build_tiny_text_model(build_tiny_qwen25_vl(tmp_path / "vlm", prefer="confirmed"), tmp_path / "text")
+    engine = TransformersStructurer(str(text_model), device="cpu")
+    assert type(engine.model).__name__ == "Qwen2ForCausalLM"
+    rows = structure_captions(engine, uc, CAPTIONS, 1024, 16)
+    # The same weights as the pinned VLM: the same answers, through the causal-LM path.
+    assert [r["status"] for r in rows] == ["parsed"] * 3 + ["no_caption"]
+    assert {r["verdict"] for r in rows[:3]} == {"confirmed"}

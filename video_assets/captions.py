@@ -21,6 +21,7 @@ from video_assets.sampling import SamplingConfig
 from video_assets.tables import CAPTIONS, KEYS, SCHEMAS, VIDEO_METADATA, column_schema, to_arrow
 
 WRITE_EVERY = 32  # rows per Delta merge: a crash loses at most this much work
+THUMBNAIL_VIDEOS = 3  # videos whose sampled frames are shown in the materialisation
 
 
 class CaptionsConfig(Config):
@@ -102,53 +103,24 @@ def captions(
     )
     good = meta.filter(pl.col("ok"))
     todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(list(done)))
-    spec = JobSpec(
-        sampling=config.sampling(),
-        engine=EngineSpec(engine, str(model_path), vlm.device, vlm.vlm_batch_size, vlm.max_new_tokens),
-        prompt=prompt.template,
-        cpu_concurrency=vlm.cpu_concurrency,
-        vlm_concurrency=vlm.vlm_concurrency,
-        vlm_num_gpus=vlm.vlm_num_gpus,
-        vllm={
-            "model_source": str(model_path), "tensor_parallel_size": vlm.tensor_parallel_size,
-            "gpu_memory_utilization": vlm.gpu_memory_utilization, "max_num_seqs": vlm.max_num_seqs,
-            "max_model_len": vlm.max_model_len, "concurrency": vlm.vlm_concurrency,
-            "batch_size": vlm.vlm_batch_size, "max_new_tokens": vlm.max_new_tokens,
-        },
-    )
+    spec = job_spec(config, vlm, engine, model_path, prompt.template)
     context.log.info(
         f"batch {batch}: {todo.height} videos to caption, {good.height - todo.height} cached, "
         f"{meta.height - good.height} rejected by the probe"
     )
     stamp = {"model_name": vlm.registered_model, "model_version": model_version,
              "prompt_version": prompt.version, "engine": engine}
-    started = time.perf_counter()
-    pending = _skipped_rows(meta.filter(~pl.col("ok")))
-    written = cpu_s = engine_s = 0.0
-    n_rows = 0
-    for n_rows, row in enumerate(
-        caption_rows(todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts(), spec), start=1
-    ):
-        name = row["uri"].rsplit("/", 1)[-1]
-        if row["status"] == "ok":
-            context.log.info(f"[{n_rows}] {name} segment {row['segment']}: {row['output_tokens']} tokens in {row['latency_s']:.2f}s")
-        else:
-            context.log.warning(f"[{n_rows}] {name}: {row['error']}")
-        cpu_s += row.get("decode_s") or 0.0
-        engine_s += row.get("engine_s") or 0.0
-        pending.append(row)
-        if len(pending) >= WRITE_EVERY:
-            written += _write(tables, pending, stamp)
-            pending = []
-    written += _write(tables, pending, stamp)
-    wall_s = time.perf_counter() - started
+    stats = run_captioning(context.log, tables, todo, spec, stamp, _skipped_rows(meta.filter(~pl.col("ok"))))
+    written, wall_s, cpu_s, engine_s = stats["written"], stats["wall_s"], stats["cpu_s"], stats["engine_s"]
 
     out = tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(
         (pl.col("batch_key") == batch) & (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt.version)
     )
     errors = out.filter(pl.col("status") == "error")
+    strips = _thumbnails(context.log, meta.filter(pl.col("ok")), config, THUMBNAIL_VIDEOS)
     return MaterializeResult(
         metadata={
+            **({"sampled_frames": MetadataValue.md(strips)} if strips else {}),
             **table_metadata(tables.table_uri(CAPTIONS), out, tables.read(CAPTIONS).height,
                              ["uri", "segment", "status", "prose", "error"]),
             "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{vlm.alias}"),
@@ -165,6 +137,65 @@ def captions(
             "output_tokens": MetadataValue.int(int(out.get_column("output_tokens").sum() or 0)),
         }
     )
+
+
+def _thumbnails(log, videos: pl.DataFrame, config: CaptionsConfig, limit: int) -> str:
+    """Markdown with a strip of the frames the model saw, for the first ``limit`` videos (re-sampled
+    with the same plan: the frames are not kept after the Ray job)."""
+    from resources.volume import open_media
+    from video_assets.charts import markdown_image, thumbnail_strip
+    from video_assets.sampling import sample_video
+
+    parts = []
+    for uri, duration, rotation in videos.select("uri", "duration_s", "rotation").head(limit).iter_rows():
+        try:
+            seg = sample_video(open_media(uri), config.sampling(), duration, rotation).segments[0]
+            png = thumbnail_strip(seg.frames, seg.timestamps)
+        except Exception as exc:  # a preview must never fail the asset
+            log.warning(f"no thumbnail strip for {uri}: {type(exc).__name__}: {exc}")
+            continue
+        parts.append(f"**{uri.rsplit('/', 1)[-1]}** (segment 0, {len(seg.timestamps)} frames)\n\n{markdown_image(png, 'sampled frames')}")
+    return "\n\n".join(parts)
+
+
+def job_spec(config: CaptionsConfig, vlm: VlmSettings, engine: str, model_path, prompt_template: str) -> JobSpec:
+    return JobSpec(
+        sampling=config.sampling(),
+        engine=EngineSpec(engine, str(model_path), vlm.device, vlm.vlm_batch_size, vlm.max_new_tokens),
+        prompt=prompt_template,
+        cpu_concurrency=vlm.cpu_concurrency,
+        vlm_concurrency=vlm.vlm_concurrency,
+        vlm_num_gpus=vlm.vlm_num_gpus,
+        vllm={
+            "model_source": str(model_path), "tensor_parallel_size": vlm.tensor_parallel_size,
+            "gpu_memory_utilization": vlm.gpu_memory_utilization, "max_num_seqs": vlm.max_num_seqs,
+            "max_model_len": vlm.max_model_len, "concurrency": vlm.vlm_concurrency,
+            "batch_size": vlm.vlm_batch_size, "max_new_tokens": vlm.max_new_tokens,
+        },
+    )
+
+
+def run_captioning(log, tables: DeltaTables, todo: pl.DataFrame, spec: JobSpec, stamp: dict, pending: list[dict] | None = None) -> dict:
+    """Caption ``todo`` (video_metadata rows) with one Ray Data job; merge rows every WRITE_EVERY.
+    ``pending`` rows (e.g. probe rejects) are written with the first merge."""
+    started = time.perf_counter()
+    pending = list(pending or [])
+    written = cpu_s = engine_s = 0.0
+    videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
+    for n_rows, row in enumerate(caption_rows(videos, spec) if videos else [], start=1):
+        name = row["uri"].rsplit("/", 1)[-1]
+        if row["status"] == "ok":
+            log.info(f"[{n_rows}] {name} segment {row['segment']}: {row['output_tokens']} tokens in {row['latency_s']:.2f}s")
+        else:
+            log.warning(f"[{n_rows}] {name}: {row['error']}")
+        cpu_s += row.get("decode_s") or 0.0
+        engine_s += row.get("engine_s") or 0.0
+        pending.append(row)
+        if len(pending) >= WRITE_EVERY:
+            written += _write(tables, pending, stamp)
+            pending = []
+    written += _write(tables, pending, stamp)
+    return {"written": written, "wall_s": time.perf_counter() - started, "cpu_s": cpu_s, "engine_s": engine_s}
 
 
 def _write(tables: DeltaTables, rows: list[dict], stamp: dict) -> int:

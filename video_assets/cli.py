@@ -89,8 +89,18 @@ def demo(args) -> int:
     todo = keys if args.all else [k for k in keys if not _materialized(instance, k)]
     print(f"{len(todo)} batch(es) to run of {len(keys)}")
     ok = run_batches(instance, todo)
+    ok &= evaluate(instance)
     _print_where(_resources()["tables"])
     return 0 if ok else 1
+
+
+def evaluate(instance: DagsterInstance) -> bool:
+    """golden_set + eval_scores: the production model and prompt scored on every use case's labels."""
+    from video_assets.definitions import defs
+
+    result = defs.resolve_job_def("evaluate").execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET)
+    print(f"evaluate: run {result.run_id} {'succeeded' if result.success else 'FAILED'}")
+    return result.success
 
 
 def _materialized(instance: DagsterInstance, key: str) -> bool:
@@ -115,6 +125,25 @@ def _print_where(tables) -> None:
               f"{caps.filter(pl.col('status') == 'error').height} error rows; for example:")
         for uri, seg, status, prose, error in caps.sort("uri").head(3).select("uri", "segment", "status", "prose", "error").iter_rows():
             print(f"  {uri.rsplit('/', 1)[-1]} [{seg}] {status}: {(prose or error or '')[:90]!r}")
+    if tables.exists("structured_events"):
+        import polars as pl
+
+        ev = tables.read("structured_events")
+        print("\nstructured_events by use case and status:")
+        for uc, status, n in ev.group_by("use_case", "status").len().sort("use_case", "status").iter_rows():
+            print(f"  {uc:16s} {status:10s} {n}")
+        for name in ("alerts", "review_queue"):
+            if tables.exists(name):
+                print(f"{name}: {tables.read(name).height} rows")
+    if tables.exists("eval_scores"):
+        import polars as pl
+
+        last = tables.read("eval_scores").sort("evaluated_at").group_by("use_case").last().sort("use_case")
+        print("\neval_scores (latest per use case; the tiny model's scores mean nothing):")
+        for r in last.to_dicts():
+            print(f"  {r['use_case']:16s} model v{r['model_version']} prompt v{r['prompt_version']}: "
+                  f"{r['scored_videos']}/{r['golden_videos']} scored, flagged F1 {r['flagged_f1']:.2f}, "
+                  f"macro F1 {r['macro_f1']:.2f}, coverage {r['coverage']:.2f}")
     print(f"\nDagster instance: {dagster_home()}")
     print("Open the UI:      make ui   (then http://127.0.0.1:3000)")
 

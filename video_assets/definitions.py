@@ -22,12 +22,14 @@ from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from resources.volume import VideoVolume
 from video_assets.captions import captions
 from video_assets.checks import caption_checks, ingest_checks
+from video_assets.evaluate import eval_checks, eval_scores
 from video_assets.events import routed_events, structured_events
 from video_assets.golden import golden_set
 from video_assets.ingest import raw_videos, video_metadata
-from video_assets.jobs import batch_pipeline_job, register_model_job
+from video_assets.jobs import batch_pipeline_job, evaluate_job, register_model_job
 from video_assets.model import caption_prompt, vlm_model
-from video_assets.schedules import table_maintenance, table_maintenance_schedule
+from video_assets.promotion import promote_challenger_job
+from video_assets.schedules import evaluation_automation, evaluation_schedule, table_maintenance, table_maintenance_schedule
 from video_assets.sensors import upload_sensor
 
 
@@ -56,10 +58,10 @@ def build_resources() -> dict:
 
 
 defs = Definitions(
-    assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions, structured_events, routed_events, golden_set],
-    asset_checks=[*ingest_checks, *caption_checks],
-    jobs=[batch_pipeline_job, register_model_job, table_maintenance],
-    schedules=[table_maintenance_schedule],
-    sensors=[upload_sensor],
+    assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions, structured_events, routed_events, golden_set, eval_scores],
+    asset_checks=[*ingest_checks, *caption_checks, *eval_checks],
+    jobs=[batch_pipeline_job, register_model_job, evaluate_job, table_maintenance, promote_challenger_job],
+    schedules=[table_maintenance_schedule, evaluation_schedule],
+    sensors=[upload_sensor, evaluation_automation],
     resources=build_resources(),
 )

@@ -119,3 +119,61 @@ def coverage(statuses: Iterable[str]) -> dict[str, float]:
     statuses = list(statuses)
     unparsed = sum(s == "unparsed" for s in statuses)
     return {"rows": len(statuses), "unparsed": unparsed, "unparsed_rate": unparsed / len(statuses) if statuses else 0.0}
+
+
+# -- one use case, one candidate: from table rows to every score ------------------------------------
+
+SEVERITY = {"confirmed": 3, "suspected": 2, "possible": 1, "none": 0}
+UNPARSED = "unparsed"
+
+
+def video_predictions(rows: Iterable[Mapping]) -> dict[str, dict]:
+    """Segment rows (structured_events dicts) -> one prediction per video: the most severe verdict of
+    its answered segments, all their events; ``unparsed`` when no segment was answered."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        p = out.setdefault(r["video_id"], {"verdict": UNPARSED, "events": [], "answered": False})
+        if r.get("status") in ("parsed", "retried") and r.get("verdict") in SEVERITY:
+            if not p["answered"] or SEVERITY[r["verdict"]] > SEVERITY[p["verdict"]]:
+                p["verdict"] = r["verdict"]
+            p["answered"] = True
+            p["events"] += [Event(e["start_s"], e["end_s"], e.get("action", ""), e.get("object", "")) for e in r.get("events") or []]
+    return out
+
+
+def score_use_case(golden: Sequence[Mapping], predictions: Mapping[str, dict], iou_threshold: float = 0.3,
+                   n_boot: int = 1000) -> dict:
+    """Every score of one candidate on one golden set. Golden videos without a prediction (never
+    registered or never structured) are left out and counted in ``missing``."""
+    scored = [g for g in golden if g["video_id"] in predictions]
+    expected = [g["verdict"] for g in scored]
+    predicted = [predictions[g["video_id"]]["verdict"] for g in scored]
+    flagged = flagged_scores(expected, predicted)
+    classes = per_class(expected, predicted)
+    lo, hi = bootstrap_ci(expected, predicted, n=n_boot)
+    ev = event_scores(
+        {g["video_id"]: [Event(e["start_s"], e["end_s"], e.get("action", ""), e.get("object", "")) for e in g.get("events") or []]
+         for g in scored},
+        {g["video_id"]: predictions[g["video_id"]]["events"] for g in scored},
+        iou_threshold,
+    )
+    answered = sum(p != UNPARSED for p in predicted)
+    metrics = {
+        "flagged_precision": flagged["precision"], "flagged_recall": flagged["recall"], "flagged_f1": flagged["f1"],
+        "flagged_f1_ci_low": lo, "flagged_f1_ci_high": hi,
+        "macro_f1": sum(c["f1"] for c in classes.values()) / len(classes),
+        "accuracy": sum(e == p for e, p in zip(expected, predicted)) / len(scored) if scored else 0.0,
+        "event_precision": ev["precision"], "event_recall": ev["recall"], "event_f1": ev["f1"], "mean_iou": ev["mean_iou"],
+        "coverage": answered / len(scored) if scored else 0.0,
+        "unparsed_rate": 1 - answered / len(scored) if scored else 0.0,
+    }
+    metrics.update({f"{label}_{k}": v for label, c in classes.items() for k, v in c.items() if k != "support"})
+    return {
+        "metrics": metrics,
+        "per_class": classes,
+        "confusion": {"rows": list(VERDICTS), "columns": [*VERDICTS, UNPARSED],
+                      "matrix": confusion_matrix(expected, predicted, labels=(*VERDICTS, UNPARSED))[: len(VERDICTS)]},
+        "golden_videos": len(golden),
+        "scored_videos": len(scored),
+        "missing": sorted(g.get("file", g["video_id"]) for g in golden if g["video_id"] not in predictions),
+    }

@@ -227,8 +227,8 @@ def routed_events(
     for name, rows in ((ALERTS, alerts), (REVIEW_QUEUE, review)):
         tables.delete(name, f"batch_key = '{batch}'")
         cols = SCHEMAS[name].names
-        if rows:
-            tables.merge(name, to_arrow(name, [{**{c: r.get(c) for c in cols}, "routed_at": now} for r in rows]), KEYS[name])
+        # Merged even when empty: the table exists (with its schema) for every query after a first run.
+        tables.merge(name, to_arrow(name, [{**{c: r.get(c) for c in cols}, "routed_at": now} for r in rows]), KEYS[name])
         context.log.info(f"{name}: {len(rows)} rows for batch {batch}")
         out = tables.read(name, SCHEMAS[name]).filter(pl.col("batch_key") == batch)
         yield MaterializeResult(

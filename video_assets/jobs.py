@@ -18,3 +18,9 @@ register_model_job = define_asset_job(
     selection=AssetSelection.assets("vlm_model", "caption_prompt"),
     description="Register the captioning model and prompt in MLflow behind their alias (idempotent).",
 )
+
+evaluate_job = define_asset_job(
+    name="evaluate",
+    selection=AssetSelection.assets("golden_set", "eval_scores"),
+    description="Load the golden labels and score the production model and prompt on them (MLflow run per use case).",
+)

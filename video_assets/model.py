@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from pydantic import Field
 
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
@@ -15,6 +16,17 @@ TINY_WARNING = (
 )
 
 
+CHALLENGER = "challenger"
+
+
+class RegistrationConfig(Config):
+    skip_gate: bool = Field(
+        default=False,
+        description="Put a new version straight behind production instead of behind challenger "
+        "(the promotion job then has nothing to evaluate)",
+    )
+
+
 def _size_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -24,10 +36,11 @@ def _size_bytes(folder: Path) -> int:
     kinds={"mlflow"},
     owners=["team:video-platform"],
     code_version="1",
-    description="The captioning VLM registered in MLflow in path form, behind an alias (default `production`). "
+    description="The captioning VLM registered in MLflow in path form. The first version goes behind "
+    "`production`; a later new version behind `challenger`, for the promote_challenger job to evaluate. "
     "Idempotent: the same source and revision does not create a new version.",
 )
-def vlm_model(context: AssetExecutionContext, vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> MaterializeResult:
+def vlm_model(context: AssetExecutionContext, config: RegistrationConfig, vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> MaterializeResult:
     folder, fingerprint = vlm.materialize_source()
     registered = mlflow_registry.register_model_folder(
         folder,
@@ -36,14 +49,19 @@ def vlm_model(context: AssetExecutionContext, vlm: VlmSettings, mlflow_registry:
         source=vlm.model_source,
         fingerprint=fingerprint,
         tags={"revision": vlm.model_revision or ""},
+        set_alias=False,
     )
+    alias = mlflow_registry.place_new_version("model", vlm.registered_model, registered.version, vlm.alias, CHALLENGER, config.skip_gate)
     verb = "registered as new version" if registered.created else "already registered as version"
-    context.log.info(f"{vlm.model_source}: {verb} {registered.version}; {registered.uri} -> v{registered.version}")
+    context.log.info(f"{vlm.model_source}: {verb} {registered.version}; models:/{vlm.registered_model}@{alias} -> v{registered.version}")
+    if alias == CHALLENGER:
+        context.log.info("run the promote_challenger job to evaluate it against production on the golden set")
     if vlm.is_tiny:
         context.log.warning(TINY_WARNING)
     return MaterializeResult(
         metadata={
-            "model_uri": MetadataValue.text(registered.uri),
+            "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{alias}"),
+            "alias": MetadataValue.text(alias),
             "version": MetadataValue.text(registered.version),
             "source": MetadataValue.text(vlm.model_source),
             "fingerprint": MetadataValue.text(fingerprint),
@@ -61,15 +79,18 @@ def vlm_model(context: AssetExecutionContext, vlm: VlmSettings, mlflow_registry:
     owners=["team:video-platform"],
     code_version="1",
     description="The caption prompt (video_assets/prompts/caption.txt) in the MLflow prompt registry; "
-    "a new version only when the text changes; the alias follows the newest text.",
+    "a new version only when the text changes. The first version goes behind `production`, a later one "
+    "behind `challenger` (see vlm_model).",
 )
-def caption_prompt(context: AssetExecutionContext, vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> MaterializeResult:
+def caption_prompt(context: AssetExecutionContext, config: RegistrationConfig, vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> MaterializeResult:
     template = CAPTION_PROMPT_FILE.read_text().strip()
-    prompt = mlflow_registry.register_prompt(CAPTION_PROMPT_NAME, template, alias=vlm.alias)
-    context.log.info(f"prompt {prompt.uri} -> version {prompt.version} ({'new' if prompt.created else 'unchanged'})")
+    prompt = mlflow_registry.register_prompt(CAPTION_PROMPT_NAME, template, alias=None)
+    alias = mlflow_registry.place_new_version("prompt", CAPTION_PROMPT_NAME, prompt.version, vlm.alias, CHALLENGER, config.skip_gate)
+    context.log.info(f"prompts:/{CAPTION_PROMPT_NAME}@{alias} -> version {prompt.version} ({'new' if prompt.created else 'unchanged'})")
     return MaterializeResult(
         metadata={
-            "prompt_uri": MetadataValue.text(prompt.uri),
+            "prompt_uri": MetadataValue.text(f"prompts:/{CAPTION_PROMPT_NAME}@{alias}"),
+            "alias": MetadataValue.text(alias),
             "version": MetadataValue.int(prompt.version),
             "new_version": MetadataValue.bool(prompt.created),
             "template": MetadataValue.md(f"```\n{template}\n```"),

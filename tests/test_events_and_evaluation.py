@@ -1,0 +1,169 @@
+"""structured_events -> alerts/review_queue -> eval_scores, and eval-gated promotion, on real local
+Ray, a real MLflow SQLite store, real Delta tables and tiny real Qwen2.5-VL models."""
+
+import os
+
+import polars as pl
+import pytest
+from dagster import materialize
+from dagster_ray import LocalRay
+from mlflow import MlflowClient
+
+from resources.mlflow_registry import MlflowRegistry
+from resources.structurer import StructurerSettings
+from resources.tiny_qwen import build_tiny_qwen25_vl
+from resources.vlm import VlmSettings
+from tests.conftest import copy_samples
+from video_assets.captions import captions
+from video_assets.evaluate import eval_checks, eval_scores
+from video_assets.events import routed_events, structured_events
+from video_assets.golden import golden_set
+from video_assets.ingest import raw_videos, video_metadata
+from video_assets.model import caption_prompt, vlm_model
+from video_assets.partitions import video_batches
+from video_assets.promotion import promote_challenger_job
+from video_assets.registration import register_new_files
+from video_assets.routing import route
+
+CAPTION_CONFIG = {"max_frames": 4, "min_frames": 2}
+ALL = [raw_videos, video_metadata, vlm_model, caption_prompt, captions, structured_events, routed_events, golden_set, eval_scores]
+
+
+def _resources(base, tmp_path, model_source=None, cache=None, **structurer):
+    return {
+        **base,
+        "mlflow_registry": MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")),
+        "vlm": VlmSettings(cache_dir=str(cache), max_new_tokens=8, vlm_batch_size=2,
+                           **({"model_source": model_source} if model_source else {})),
+        "structurer": StructurerSettings(device="cpu", **structurer),
+        "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+    }
+
+
+def _batch(res, instance):
+    plan = register_new_files(res["volume"], res["tables"])
+    [key] = plan.batches
+    instance.add_dynamic_partitions(video_batches.name, [key])
+    return key
+
+
+def read(res, name):
+    return pl.read_delta(res["tables"].table_uri(name))
+
+
+@pytest.mark.slow
+def test_every_caption_becomes_a_routed_scored_row(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+    copy_samples(volume_dir, ["asl_eat.mkv", "realshort.mp4", "bottle-detection.mp4"])
+    (volume_dir / "corrupt.mp4").write_bytes(os.urandom(30_000))
+    res = _resources(resources, tmp_path, cache=tiny_model_cache, use_cases="object_handling,loss_prevention")
+    key = _batch(res, instance)
+    run_config = {"ops": {"captions": {"config": CAPTION_CONFIG}}}
+    assert materialize([vlm_model, caption_prompt, golden_set], instance=instance, resources=res).success
+    per_batch = [raw_videos, video_metadata, captions, structured_events, routed_events]
+    batch_run = materialize(per_batch, partition_key=key, instance=instance, resources=res, run_config=run_config)
+    assert batch_run.success
+    strips = batch_run.asset_materializations_for_node("captions")[0].metadata["sampled_frames"].value
+    assert strips.count("](data:image/jpeg;base64,") == 3  # the three good clips, not the corrupt one
+
+    caps, events = read(res, "captions"), read(res, "structured_events")
+    # Nothing missing: one row per caption and use case, each a valid status.
+    assert events.height == caps.height * 2 == 8
+    assert set(events["use_case"]) == {"object_handling", "loss_prevention"}
+    assert set(events["status"]) <= {"parsed", "retried", "unparsed", "no_caption"}
+    errored = set(caps.filter(pl.col("status") == "error")["video_id"])
+    assert errored and set(events.filter(pl.col("status") == "no_caption")["video_id"]) == errored
+    answered = events.filter(pl.col("status").is_in(["parsed", "retried"]))
+    assert answered["verdict"].is_in(["confirmed", "suspected", "possible", "none"]).all()
+    assert (events.filter(pl.col("status") == "unparsed")["raw_output"].str.len_chars() > 0).all()
+    assert (events["n_events"] == events["events"].list.len()).all()
+
+    # Routing agrees with the rule row by row, with each use case's own threshold.
+    alerts, review = read(res, "alerts"), read(res, "review_queue")
+    thresholds = {"object_handling": 0.7, "loss_prevention": 0.8}
+    for r in events.to_dicts():
+        where, _ = route(r, thresholds[r["use_case"]])
+        key_cols = (pl.col("video_id") == r["video_id"]) & (pl.col("use_case") == r["use_case"])
+        assert alerts.filter(key_cols).height == (where == "alerts")
+        assert review.filter(key_cols).height == (where == "review_queue")
+
+    # A new threshold moves rows on rerun: at 0 every flagged row with a confidence is an alert.
+    assert materialize([routed_events], partition_key=key, instance=instance, resources=res,
+                       run_config={"ops": {"routed_events": {"config": {"alert_threshold": 0.0}}}}).success
+    flagged = events.filter(pl.col("verdict").is_in(["confirmed", "suspected"]) & pl.col("confidence").is_not_null())
+    assert read(res, "alerts").height == flagged.height
+    assert set(read(res, "alerts")["threshold"]) <= {0.0}
+
+    # Idempotent: structuring again writes nothing new.
+    again = materialize([structured_events], partition_key=key, instance=instance, resources=res)
+    meta = again.asset_materializations_for_node("structured_events")[0].metadata
+    assert meta["rows_written"].value == 0 and read(res, "structured_events").height == 8
+
+    result = materialize([eval_scores, *eval_checks], instance=instance, resources=res,
+                         run_config={"ops": {"eval_scores": {"config": {"bootstrap": 50}}}})
+    assert result.success
+    scores = read(res, "eval_scores")
+    assert sorted(scores["use_case"]) == ["loss_prevention", "object_handling"]
+    # Of the 24 labelled clips only the 3 registered good ones can be scored.
+    assert set(scores["scored_videos"]) == {3} and set(scores["golden_videos"]) == {24}
+    assert (scores["coverage"].is_between(0, 1)).all()
+    client = MlflowClient(res["mlflow_registry"].tracking_uri)
+    run = client.get_run(scores["mlflow_run_id"][0])
+    assert run.data.tags["model_version"] == "1" and run.data.tags["prompt_version"] == "1"
+    assert "flagged_f1" in run.data.metrics and "coverage" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"confusion.png", "scores.json"}
+    meta = result.asset_materializations_for_node("eval_scores")[0].metadata
+    assert meta["object_handling/confusion"].value.startswith("![confusion matrix](data:image/png;base64,")
+    [check] = result.get_asset_check_evaluations()
+    assert check.check_name == "eval_scores_above_floors"
+
+
+@pytest.mark.slow
+def test_promotion_both_ways(instance, resources, volume_dir, tmp_path):
+    # Two labelled 'confirmed' clips and one 'none': a model that always answers confirmed beats one
+    # that always answers none on flagged F1 (0.8 vs 0) and macro F1 (0.7 vs 0.625).
+    copy_samples(volume_dir, ["bottle-detection.mp4", "sam2_04_coffee.mp4", "asl_eat.mkv"])
+    says_none = build_tiny_qwen25_vl(tmp_path / "models" / "says-none", prefer="none")
+    says_confirmed = build_tiny_qwen25_vl(tmp_path / "models" / "says-confirmed", prefer="confirmed")
+    cache = tmp_path / "cache"
+    base = _resources(resources, tmp_path, model_source=str(says_none), cache=cache)
+    key = _batch(base, instance)
+    assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=base).success
+    assert materialize([vlm_model, caption_prompt, golden_set], instance=instance, resources=base).success
+    client = MlflowClient(base["mlflow_registry"].tracking_uri)
+    assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "1"
+
+    challenger = _resources(resources, tmp_path, model_source=str(says_confirmed), cache=cache)
+    reg = materialize([vlm_model], instance=instance, resources=challenger)
+    assert reg.asset_materializations_for_node("vlm_model")[0].metadata["alias"].value == "challenger"
+    assert str(client.get_model_version_by_alias("video-captioner", "challenger").version) == "2"
+    assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "1"  # untouched
+
+    run_config = {"ops": {"evaluate_and_promote": {"config": {"bootstrap": 20, "max_frames": 4, "min_frames": 2}}}}
+    better = promote_challenger_job.execute_in_process(instance=instance, resources=challenger, run_config=run_config)
+    assert better.success and better.output_for_node("evaluate_and_promote")["promoted"] is True
+    assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "2"
+    decisions = read(base, "promotion_decisions")
+    assert decisions.height == 1 and decisions["promoted"][0]
+    scores = read(base, "eval_scores")
+    by_candidate = {r["candidate"]: r for r in scores.to_dicts()}
+    assert by_candidate["production"]["flagged_f1"] == 0.0 and by_candidate["challenger"]["flagged_f1"] == pytest.approx(0.8)
+    assert {by_candidate["production"]["eval_id"], by_candidate["challenger"]["eval_id"]} == {
+        decisions["production_eval_id"][0], decisions["challenger_eval_id"][0]}
+
+    # The always-none model comes back as challenger (same bytes: version 1 again) and is rejected.
+    reg = materialize([vlm_model], instance=instance, resources=base)
+    assert reg.asset_materializations_for_node("vlm_model")[0].metadata["alias"].value == "challenger"
+    worse = promote_challenger_job.execute_in_process(instance=instance, resources=base, run_config=run_config)
+    out = worse.output_for_node("evaluate_and_promote")
+    assert worse.success and out["promoted"] is False and "flagged_f1" in out["reason"]
+    assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "2"  # unchanged
+    decisions = read(base, "promotion_decisions").sort("decided_at")
+    assert decisions["promoted"].to_list() == [True, False]
+    assert read(base, "eval_scores").height == 4  # both score sets of both decisions
+    with pytest.raises(Exception):
+        client.get_model_version_by_alias("video-captioner", "challenger")  # evaluated: alias cleared
+    assert "rejected" in client.get_model_version("video-captioner", "1").tags["promotion"]
+
+    # Nothing to evaluate now.
+    idle = promote_challenger_job.execute_in_process(instance=instance, resources=base, run_config=run_config)
+    assert idle.output_for_node("evaluate_and_promote") == {"promoted": None}
