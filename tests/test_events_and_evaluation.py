@@ -15,6 +15,7 @@ from resources.tiny_qwen import build_tiny_qwen25_vl
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
 from video_assets.captions import captions
+from video_assets.checks import event_checks
 from video_assets.evaluate import eval_checks, eval_scores
 from video_assets.events import routed_events, structured_events
 from video_assets.golden import golden_set
@@ -60,8 +61,11 @@ def test_every_caption_becomes_a_routed_scored_row(instance, resources, volume_d
     run_config = {"ops": {"captions": {"config": CAPTION_CONFIG}}}
     assert materialize([vlm_model, caption_prompt, golden_set], instance=instance, resources=res).success
     per_batch = [raw_videos, video_metadata, captions, structured_events, routed_events]
-    batch_run = materialize(per_batch, partition_key=key, instance=instance, resources=res, run_config=run_config)
+    batch_run = materialize([*per_batch, *event_checks], partition_key=key, instance=instance, resources=res, run_config=run_config)
     assert batch_run.success
+    checks = {e.check_name: e.passed for e in batch_run.get_asset_check_evaluations()}
+    assert checks == {"structured_events_unique_key": True, "structured_events_cover_captions": True,
+                      "alerts_unique_key": True, "review_queue_unique_key": True}
     strips = batch_run.asset_materializations_for_node("captions")[0].metadata["sampled_frames"].value
     assert strips.count("](data:image/jpeg;base64,") == 3  # the three good clips, not the corrupt one
 

@@ -38,3 +38,19 @@ def test_split_carries_evidence():
     assert (review[0]["start_s"], review[0]["end_s"], review[0]["excerpt"]) == (0.0, 30.0, "Maybe.")
     assert "0.90 >= 0.70" in alerts[0]["reason"] and alerts[0]["threshold"] == 0.7
     assert evidence(row("possible", 0.5), None)["excerpt"] == ""
+
+
+def test_missing_structured_rows_finds_a_dropped_caption():
+    import polars as pl
+
+    from video_assets.checks import missing_structured_rows
+
+    caps = pl.DataFrame({"video_id": ["a", "b", "c"], "segment": [0, 0, 0], "batch_key": ["b1"] * 3,
+                         "model_version": ["1"] * 3, "prompt_version": [1] * 3})
+    base = {"segment": 0, "batch_key": "b1", "model_version": "1", "prompt_version": 1,
+            "use_case_version": "x", "structurer": "m/v1"}
+    events = pl.DataFrame([{**base, "video_id": v, "use_case": u}
+                           for v, u in [("a", "oh"), ("b", "oh"), ("c", "oh"), ("a", "lp"), ("c", "lp")]])
+    missing = missing_structured_rows(caps, events)
+    assert missing.select("video_id", "use_case").rows() == [("b", "lp")]
+    assert missing_structured_rows(caps, events.filter(pl.col("use_case") == "oh")).is_empty()

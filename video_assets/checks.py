@@ -2,12 +2,23 @@
 
 
 import polars as pl
-from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, Field, asset_check
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, AssetKey, Field, asset_check
 
 from resources.delta import DeltaTables
 from video_assets.captions import captions
+from video_assets.events import structured_events
 from video_assets.ingest import raw_videos, video_metadata
-from video_assets.tables import CAPTIONS, KEYS, RAW_VIDEOS, SCHEMAS, VIDEO_METADATA, required_columns
+from video_assets.tables import (
+    ALERTS,
+    CAPTIONS,
+    KEYS,
+    RAW_VIDEOS,
+    REVIEW_QUEUE,
+    SCHEMAS,
+    STRUCTURED_EVENTS,
+    VIDEO_METADATA,
+    required_columns,
+)
 
 
 def duplicate_ids(df: pl.DataFrame, keys: list[str] | None = None) -> list:
@@ -95,3 +106,44 @@ ingest_checks = [
     video_metadata_not_ok_ratio,
 ]
 caption_checks = [captions_unique_key, captions_required_columns]
+
+
+@asset_check(asset=structured_events, description="One row per caption, use case and structuring version.")
+def structured_events_unique_key(tables: DeltaTables) -> AssetCheckResult:
+    return _unique(tables, STRUCTURED_EVENTS)
+
+
+def missing_structured_rows(caps: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
+    """Caption keys without a structured row, for every (batch, caption versions, use case,
+    structuring version) that has been structured at all: a caption silently dropped shows here."""
+    runs = events.select("batch_key", "model_version", "prompt_version", "use_case", "use_case_version", "structurer").unique()
+    expected = runs.join(caps.select("video_id", "segment", "batch_key", "model_version", "prompt_version"),
+                         on=["batch_key", "model_version", "prompt_version"])
+    return expected.join(events, on=KEYS[STRUCTURED_EVENTS], how="anti")
+
+
+@asset_check(asset=structured_events, description="Every caption has a structured row (parsed, retried, "
+             "unparsed or no_caption) for every use case its batch was structured for: nothing missing.")
+def structured_events_cover_captions(tables: DeltaTables) -> AssetCheckResult:
+    events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS])
+    missing = missing_structured_rows(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), events)
+    statuses = dict(events.group_by("status").len().sort("status").iter_rows())
+    return AssetCheckResult(
+        passed=missing.is_empty(),
+        severity=AssetCheckSeverity.ERROR,
+        metadata={"rows": events.height, "missing_rows": missing.height, "status_counts": statuses,
+                  "missing_examples": missing.head(10).select("video_id", "segment", "use_case").rows()},
+    )
+
+
+@asset_check(asset=AssetKey("alerts"), description="One alert per structured row.")
+def alerts_unique_key(tables: DeltaTables) -> AssetCheckResult:
+    return _unique(tables, ALERTS)
+
+
+@asset_check(asset=AssetKey("review_queue"), description="One review item per structured row.")
+def review_queue_unique_key(tables: DeltaTables) -> AssetCheckResult:
+    return _unique(tables, REVIEW_QUEUE)
+
+
+event_checks = [structured_events_unique_key, structured_events_cover_captions, alerts_unique_key, review_queue_unique_key]

@@ -21,7 +21,7 @@ from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from resources.volume import VideoVolume
 from video_assets.captions import captions
-from video_assets.checks import caption_checks, ingest_checks
+from video_assets.checks import caption_checks, event_checks, ingest_checks
 from video_assets.evaluate import eval_checks, eval_scores
 from video_assets.events import routed_events, structured_events
 from video_assets.golden import golden_set
@@ -59,7 +59,7 @@ def build_resources() -> dict:
 
 defs = Definitions(
     assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions, structured_events, routed_events, golden_set, eval_scores],
-    asset_checks=[*ingest_checks, *caption_checks, *eval_checks],
+    asset_checks=[*ingest_checks, *caption_checks, *event_checks, *eval_checks],
     jobs=[batch_pipeline_job, register_model_job, evaluate_job, table_maintenance, promote_challenger_job],
     schedules=[table_maintenance_schedule, evaluation_schedule],
     sensors=[upload_sensor, evaluation_automation],
