@@ -5,7 +5,7 @@ import os
 
 import polars as pl
 import pytest
-from dagster import materialize
+from dagster import SkipReason, build_sensor_context, materialize
 from dagster_ray import LocalRay
 from mlflow import MlflowClient
 
@@ -22,7 +22,7 @@ from video_assets.golden import golden_set
 from video_assets.ingest import raw_videos, video_metadata
 from video_assets.model import caption_prompt, vlm_model
 from video_assets.partitions import video_batches
-from video_assets.promotion import promote_challenger_job
+from video_assets.promotion import challenger_sensor, promote_challenger_job
 from video_assets.registration import register_new_files
 from video_assets.routing import route
 
@@ -141,6 +141,10 @@ def test_promotion_both_ways(instance, resources, volume_dir, tmp_path):
     assert reg.asset_materializations_for_node("vlm_model")[0].metadata["alias"].value == "challenger"
     assert str(client.get_model_version_by_alias("video-captioner", "challenger").version) == "2"
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "1"  # untouched
+    # The (opt-in) challenger sensor asks for one promotion run per challenger.
+    sensor_res = {"vlm": challenger["vlm"], "mlflow_registry": challenger["mlflow_registry"]}
+    request = challenger_sensor(build_sensor_context(instance=instance, resources=sensor_res))
+    assert request.run_key == "model-2-prompt-None"
 
     run_config = {"ops": {"evaluate_and_promote": {"config": {"bootstrap": 20, "max_frames": 4, "min_frames": 2}}}}
     better = promote_challenger_job.execute_in_process(instance=instance, resources=challenger, run_config=run_config)
@@ -171,3 +175,4 @@ def test_promotion_both_ways(instance, resources, volume_dir, tmp_path):
     # Nothing to evaluate now.
     idle = promote_challenger_job.execute_in_process(instance=instance, resources=base, run_config=run_config)
     assert idle.output_for_node("evaluate_and_promote") == {"promoted": None}
+    assert isinstance(challenger_sensor(build_sensor_context(instance=instance, resources=sensor_res)), SkipReason)

@@ -28,7 +28,7 @@ from video_assets.golden import golden_set
 from video_assets.ingest import raw_videos, video_metadata
 from video_assets.jobs import batch_pipeline_job, evaluate_job, register_model_job
 from video_assets.model import caption_prompt, vlm_model
-from video_assets.promotion import promote_challenger_job
+from video_assets.promotion import challenger_sensor, promote_challenger_job
 from video_assets.schedules import evaluation_automation, evaluation_schedule, table_maintenance, table_maintenance_schedule
 from video_assets.sensors import upload_sensor
 
@@ -62,6 +62,6 @@ defs = Definitions(
     asset_checks=[*ingest_checks, *caption_checks, *event_checks, *eval_checks],
     jobs=[batch_pipeline_job, register_model_job, evaluate_job, table_maintenance, promote_challenger_job],
     schedules=[table_maintenance_schedule, evaluation_schedule],
-    sensors=[upload_sensor, evaluation_automation],
+    sensors=[upload_sensor, evaluation_automation, challenger_sensor],
     resources=build_resources(),
 )

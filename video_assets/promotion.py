@@ -10,7 +10,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import polars as pl
-from dagster import Config, Failure, OpExecutionContext, Out, Output, job, op
+from dagster import (
+    Config,
+    DefaultSensorStatus,
+    Failure,
+    OpExecutionContext,
+    Out,
+    Output,
+    RunRequest,
+    SensorEvaluationContext,
+    SkipReason,
+    job,
+    op,
+    sensor,
+)
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -156,3 +169,18 @@ def evaluate_and_promote(
      tags={"video/kind": "promotion"})
 def promote_challenger_job():
     evaluate_and_promote()
+
+
+@sensor(
+    job=promote_challenger_job,
+    minimum_interval_seconds=120,
+    default_status=DefaultSensorStatus.STOPPED,
+    description="Starts promote_challenger when a model or prompt version appears behind `challenger`; "
+    "one run per distinct challenger pair (run_key). Stopped by default.",
+)
+def challenger_sensor(context: SensorEvaluationContext, vlm: VlmSettings, mlflow_registry: MlflowRegistry):
+    cm = mlflow_registry.alias_version("model", vlm.registered_model, CHALLENGER)
+    cp = mlflow_registry.alias_version("prompt", CAPTION_PROMPT_NAME, CHALLENGER)
+    if cm is None and cp is None:
+        return SkipReason("no challenger model or prompt")
+    return RunRequest(run_key=f"model-{cm}-prompt-{cp}", tags={"video/challenger_model": str(cm), "video/challenger_prompt": str(cp)})
