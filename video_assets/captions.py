@@ -113,7 +113,8 @@ def captions(
     stats = run_captioning(context.log, tables, todo, spec, stamp, _skipped_rows(meta.filter(~pl.col("ok"))))
     written, wall_s, cpu_s, engine_s = stats["written"], stats["wall_s"], stats["cpu_s"], stats["engine_s"]
 
-    out = tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(
+    after = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])  # one read after writing serves every figure below
+    out = after.filter(
         (pl.col("batch_key") == batch) & (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt.version)
     )
     errors = out.filter(pl.col("status") == "error")
@@ -121,7 +122,7 @@ def captions(
     return MaterializeResult(
         metadata={
             **({"sampled_frames": MetadataValue.md(strips)} if strips else {}),
-            **table_metadata(tables.table_uri(CAPTIONS), out, tables.read(CAPTIONS).height,
+            **table_metadata(tables.table_uri(CAPTIONS), out, after.height,
                              ["uri", "segment", "status", "prose", "error"]),
             "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{vlm.alias}"),
             "model_version": MetadataValue.text(model_version),

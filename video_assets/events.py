@@ -162,7 +162,8 @@ def structured_events(
         tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])
         written += len(rows)
 
-    out = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(
+    after = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS])
+    out = after.filter(
         (pl.col("batch_key") == batch) & (pl.col("model_version") == model_version)
         & (pl.col("prompt_version") == prompt_version) & (pl.col("structurer") == sid)
         & pl.col("use_case").is_in([u.name for u in use_cases])
@@ -171,7 +172,7 @@ def structured_events(
     verdicts = dict(out.filter(pl.col("verdict").is_not_null()).group_by("verdict").len().sort("verdict").iter_rows())
     return MaterializeResult(
         metadata={
-            **table_metadata(tables.table_uri(STRUCTURED_EVENTS), out, tables.read(STRUCTURED_EVENTS).height,
+            **table_metadata(tables.table_uri(STRUCTURED_EVENTS), out, after.height,
                              ["use_case", "uri", "segment", "status", "verdict", "confidence", "n_events", "error"]),
             "structurer": MetadataValue.text(sid),
             "use_cases": MetadataValue.json({u.name: u.version for u in use_cases}),
@@ -230,11 +231,12 @@ def routed_events(
         # Merged even when empty: the table exists (with its schema) for every query after a first run.
         tables.merge(name, to_arrow(name, [{**{c: r.get(c) for c in cols}, "routed_at": now} for r in rows]), KEYS[name])
         context.log.info(f"{name}: {len(rows)} rows for batch {batch}")
-        out = tables.read(name, SCHEMAS[name]).filter(pl.col("batch_key") == batch)
+        after = tables.read(name, SCHEMAS[name])
+        out = after.filter(pl.col("batch_key") == batch)
         yield MaterializeResult(
             asset_key=AssetKey(name),
             metadata={
-                **table_metadata(tables.table_uri(name), out, tables.read(name).height,
+                **table_metadata(tables.table_uri(name), out, after.height,
                                  ["use_case", "uri", "start_s", "end_s", "verdict", "confidence", "reason"]),
                 "thresholds": MetadataValue.json(thresholds),
             },

@@ -46,15 +46,17 @@ def register_new_files(
     tables: DeltaTables,
     files: list[VolumeFile] | None = None,
     now: datetime | None = None,
+    manifest: pl.DataFrame | None = None,
 ) -> RegistrationPlan:
     """Hash unseen files (at most ``volume.max_files_per_call``), batch them, append to the manifest.
 
     The manifest is written before any partition is added, so a crash in between is repaired by
     the next call (batches in the manifest that are not partitions yet get added then).
+    ``manifest``: the manifest as just read by the caller, to save a second read.
     """
     now = now or datetime.now(timezone.utc)
     files = volume.list_files() if files is None else files
-    seen, known = _seen(read_manifest(tables))
+    seen, known = _seen(read_manifest(tables) if manifest is None else manifest)
     found, remaining = registry.discover(files, seen, known, volume.content_hash, volume.max_files_per_call)
     batches = registry.plan_batches(found, now, volume.batch_size)
     rows = registry.manifest_rows(found, batches, now)

@@ -32,11 +32,12 @@ def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables:
     digest = registry.listing_digest(files)
     known_partitions = set(context.instance.get_dynamic_partitions(video_batches.name))
     # Batches written to the manifest by a tick that died before adding them: repair first.
-    orphaned = [k for k in manifest_batch_keys(read_manifest(tables)) if k not in known_partitions]
+    manifest = read_manifest(tables)
+    orphaned = [k for k in manifest_batch_keys(manifest) if k not in known_partitions]
     if context.cursor == digest and not orphaned:
         return SkipReason(f"no change in {volume.uri} ({len(files)} files)")
 
-    plan = register_new_files(volume, tables, files)
+    plan = register_new_files(volume, tables, files, manifest=manifest)
     for dup in plan.duplicates:
         context.log.info(f"{dup.uri}: same bytes as {dup.duplicate_of}; not registered again")
     new_keys = sorted(set(plan.batches) | set(orphaned))
