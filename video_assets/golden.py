@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from resources.delta import DeltaTables
 from video_assets.evaluation import VERDICTS
 from video_assets.previews import table_metadata
-from video_assets.usecase import EventOut
 from video_assets.tables import GOLDEN_SET, KEYS, SCHEMAS, column_schema, to_arrow
+from video_assets.usecase import EventOut
 
 USE_CASES = Path(__file__).parent / "usecases"
 
