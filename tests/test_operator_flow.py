@@ -351,11 +351,13 @@ def test_uploads_become_batches_and_runs_through_the_daemon(operator):
 # --- the UI in a real browser --------------------------------------------------------------------
 
 
-def _browser_or_skip():
-    """Playwright's sync API and Debian's Chromium; missing in CI is a failure, elsewhere a skip."""
+@pytest.fixture(scope="module")
+def playwright_api():
+    """Playwright's sync API and Debian's Chromium, checked before the server starts: missing in CI
+    (CI set, as .ci/run does) is a failure, elsewhere a skip."""
     problem = None
     try:
-        from playwright.sync_api import sync_playwright
+        from playwright import sync_api
     except ImportError:
         problem = "playwright is not installed: `pip install -e '.[dev]'` (make install) adds it"
     if problem is None and not os.access(CHROMIUM, os.X_OK):
@@ -367,7 +369,7 @@ def _browser_or_skip():
         if os.environ.get("CI"):
             pytest.fail(problem, pytrace=False)
         pytest.skip(problem)
-    return sync_playwright
+    return sync_api
 
 
 def _node(page, name: str):
@@ -382,8 +384,8 @@ def _centre_x(page, name: str) -> float:
 
 
 @pytest.mark.browser
-def test_ui_shows_graph_lineage_and_metadata(operator):
-    sync_playwright = _browser_or_skip()
+def test_ui_shows_graph_lineage_and_metadata(playwright_api, operator):  # browser checked first
+    sync_playwright, expect = playwright_api.sync_playwright, playwright_api.expect
     operator.ensure_batches(1)  # after the flow test both batches exist; run alone, one will do
     latest = operator.batches[-1]
     graph = _defs().resolve_asset_graph()
@@ -394,8 +396,6 @@ def test_ui_shows_graph_lineage_and_metadata(operator):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     (SCREENSHOTS / "failure.png").unlink(missing_ok=True)
     errors: list[str] = []
-
-    from playwright.sync_api import expect
 
     expect.set_options(timeout=30_000)
 
