@@ -29,10 +29,18 @@ def test_register_then_dagster_asset_materialize(dagster_home, volume_dir):
     assert len(keys) == 1
     materialize = [str(BIN / "dagster"), "asset", "materialize", "-m", "video_assets.definitions", "--select"]
     sh(materialize + ["vlm_model,caption_prompt"], env)
-    sh(materialize + ["raw_videos,video_metadata,captions", "--partition", keys[0]], env)
+    per_batch = "raw_videos,video_metadata,captions,structured_events,alerts,review_queue"
+    sh(materialize + [per_batch, "--partition", keys[0]], env)
+    sh(materialize + ["golden_set,eval_scores"], env)
     meta = pl.read_delta(str(dagster_home / "tables" / "video_metadata"))
     assert sorted(meta["uri"].str.split("/").list.last()) == ["asl_eat.mkv", "realshort.mp4"]
     assert meta["ok"].all()
     caps = pl.read_delta(str(dagster_home / "tables" / "captions"))
     assert sorted(caps["uri"].str.split("/").list.last()) == ["asl_eat.mkv", "realshort.mp4"]
     assert (caps["status"] == "ok").all() and (caps["prose"].str.len_chars() > 0).all()
+    events = pl.read_delta(str(dagster_home / "tables" / "structured_events"))
+    assert events.height == caps.height and set(events["use_case"]) == {"object_handling"}
+    for name in ("alerts", "review_queue"):
+        assert (dagster_home / "tables" / name / "_delta_log").is_dir()
+    scores = pl.read_delta(str(dagster_home / "tables" / "eval_scores"))
+    assert scores["scored_videos"].to_list() == [2] and scores["candidate"].to_list() == ["production"]
