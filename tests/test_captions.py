@@ -23,7 +23,7 @@ RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4}}
 
 @pytest.mark.slow
 def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_dir, tiny_model_cache, tmp_path):
-    copy_samples(volume_dir, GOOD + ["asl_again.mkv"])
+    copy_samples(volume_dir, GOOD + ["chaplin.mp4"])
     (volume_dir / "corrupt.mp4").write_bytes(os.urandom(40_000))
     res = {
         **resources,
@@ -37,7 +37,7 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
     assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
     assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
     # Probed fine, then damaged before captioning: the CPU stage must turn it into an error row.
-    (volume_dir / "asl_again.mkv").write_bytes(b"\x00" * 1000)
+    (volume_dir / "chaplin.mp4").write_bytes(b"\x00" * 1000)
 
     def caption():
         result = materialize(
@@ -61,9 +61,9 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
     for ts, start, end in ok.select("frame_timestamps", "segment_start_s", "segment_end_s").iter_rows():
         assert 4 <= len(ts) <= 8 and ts == sorted(ts) and start <= ts[0] and ts[-1] <= end + 0.5
     errors = rows.filter(pl.col("status") == "error")
-    assert sorted(errors["name"]) == ["asl_again.mkv", "corrupt.mp4"]
+    assert sorted(errors["name"]) == ["chaplin.mp4", "corrupt.mp4"]
     assert errors.filter(pl.col("name") == "corrupt.mp4")["error"][0].startswith("not captioned: probe failed")
-    assert errors.filter(pl.col("name") == "asl_again.mkv")["error"][0]
+    assert errors.filter(pl.col("name") == "chaplin.mp4")["error"][0]
 
     mat = instance.get_latest_materialization_event(AssetKey("captions")).asset_materialization
     assert mat.metadata["engine_busy_s"].value > 0

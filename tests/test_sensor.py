@@ -10,7 +10,7 @@ from tests.conftest import copy_samples
 from video_assets.partitions import video_batches
 from video_assets.sensors import upload_sensor
 
-CLIPS = ["realshort.mp4", "asl_eat.mkv", "carphone_pristine.mp4"]
+CLIPS = ["realshort.mp4", "asl_eat.mkv", "carphone_distorted.mp4"]  # all bundled: tests run without the corpus
 
 
 def tick(instance, resources, cursor=None):
