@@ -45,6 +45,17 @@ def _engine_name(vlm: VlmSettings) -> str:
     return choose_engine_name(vlm.engine)
 
 
+def caption_versions(model_version: str, prompt_version: int) -> pl.Expr:
+    """Rows of one (captioning model, caption prompt) pair."""
+    return (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt_version)
+
+
+def captioned_ok(captions_df: pl.DataFrame, model_version: str, prompt_version: int) -> list[str]:
+    """Videos this model + prompt has already captioned successfully (a rerun skips them)."""
+    ok = captions_df.filter(caption_versions(model_version, prompt_version) & (pl.col("status") == "ok"))
+    return ok.get_column("video_id").unique().to_list()
+
+
 def _skipped_rows(meta: pl.DataFrame) -> list[dict]:
     """Videos the probe rejected: an error row each, so none is silently missing."""
     return [
@@ -95,14 +106,9 @@ def captions(
     if vlm.is_tiny:
         context.log.warning(TINY_WARNING)
 
-    existing = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])
-    done = set(
-        existing.filter(
-            (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt.version) & (pl.col("status") == "ok")
-        ).get_column("video_id").to_list()
-    )
+    done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), model_version, prompt.version)
     good = meta.filter(pl.col("ok"))
-    todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(list(done)))
+    todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
     spec = job_spec(config, vlm, engine, model_path, prompt.template)
     context.log.info(
         f"batch {batch}: {todo.height} videos to caption, {good.height - todo.height} cached, "
@@ -114,9 +120,7 @@ def captions(
     written, wall_s, cpu_s, engine_s = stats["written"], stats["wall_s"], stats["cpu_s"], stats["engine_s"]
 
     after = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])  # one read after writing serves every figure below
-    out = after.filter(
-        (pl.col("batch_key") == batch) & (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt.version)
-    )
+    out = after.filter((pl.col("batch_key") == batch) & caption_versions(model_version, prompt.version))
     errors = out.filter(pl.col("status") == "error")
     strips = _thumbnails(context.log, meta.filter(pl.col("ok")), config, THUMBNAIL_VIDEOS)
     return MaterializeResult(

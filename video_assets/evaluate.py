@@ -32,7 +32,7 @@ from resources.vlm import VlmSettings
 from video_assets import usecase as uc_mod
 from video_assets.charts import confusion_png, markdown_image
 from video_assets.evaluation import score_use_case, video_predictions
-from video_assets.events import production_versions, structured_events, structurer_id
+from video_assets.events import production_versions, structured_events, structurer_id, structuring_versions
 from video_assets.golden import golden_set
 from video_assets.previews import markdown_table, table_metadata
 from video_assets.tables import EVAL_SCORES, GOLDEN_SET, HEADLINE_METRICS, KEYS, SCHEMAS, STRUCTURED_EVENTS, column_schema, to_arrow
@@ -60,9 +60,7 @@ def evaluate_candidate(
         raise Failure(f"golden_set has no labels for use case {uc.name!r}: materialise golden_set first")
     ids = [g["video_id"] for g in golden]
     events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(
-        (pl.col("use_case") == uc.name) & (pl.col("use_case_version") == uc.version)
-        & (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt_version)
-        & (pl.col("structurer") == structurer) & pl.col("video_id").is_in(ids)
+        structuring_versions(model_version, prompt_version, structurer, uc) & pl.col("video_id").is_in(ids)
     )
     scores = score_use_case(golden, video_predictions(events.to_dicts()), iou_threshold, bootstrap)
     png = confusion_png(scores["confusion"]["rows"], scores["confusion"]["columns"], scores["confusion"]["matrix"],

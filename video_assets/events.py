@@ -24,7 +24,7 @@ from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets import routing
 from video_assets import usecase as uc_mod
-from video_assets.captions import captions
+from video_assets.captions import caption_versions, captions
 from video_assets.model import CAPTION_PROMPT_NAME
 from video_assets.partitions import video_batches
 from video_assets.previews import table_metadata
@@ -89,6 +89,22 @@ def structure_rows(engine, settings: StructurerSettings, uc: uc_mod.UseCase, cap
     return out
 
 
+def structuring_versions(model_version: str, prompt_version: int, structurer: str, uc: uc_mod.UseCase | None = None) -> pl.Expr:
+    """structured_events rows of one caption pair and structuring model (and use case version, if given)."""
+    expr = caption_versions(model_version, prompt_version) & (pl.col("structurer") == structurer)
+    if uc is not None:
+        expr = expr & (pl.col("use_case") == uc.name) & (pl.col("use_case_version") == uc.version)
+    return expr
+
+
+def pending_captions(caption_rows: list[dict], events: pl.DataFrame, uc: uc_mod.UseCase) -> list[dict]:
+    """Caption rows without a row of the use case's current version in ``events`` (already filtered
+    to the caption pair and structurer): what is left to structure."""
+    done = events.filter((pl.col("use_case") == uc.name) & (pl.col("use_case_version") == uc.version))
+    keys = set(zip(done.get_column("video_id").to_list(), done.get_column("segment").to_list()))
+    return [c for c in caption_rows if (c["video_id"], c["segment"]) not in keys]
+
+
 def production_versions(vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> tuple[str, int]:
     try:
         model = mlflow_registry.resolve_alias(vlm.registered_model, vlm.alias)
@@ -101,7 +117,7 @@ def production_versions(vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> tu
 
 def _batch_captions(tables: DeltaTables, batch: str, model_version: str, prompt_version: int) -> pl.DataFrame:
     return tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(
-        (pl.col("batch_key") == batch) & (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt_version)
+        (pl.col("batch_key") == batch) & caption_versions(model_version, prompt_version)
     )
 
 
@@ -138,14 +154,11 @@ def structured_events(
                       f"v{prompt_version}: materialise captions for this batch first")
     sid = structurer_id(structurer, vlm.registered_model, model_version)
     existing = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(
-        (pl.col("batch_key") == batch) & (pl.col("model_version") == model_version)
-        & (pl.col("prompt_version") == prompt_version) & (pl.col("structurer") == sid)
+        (pl.col("batch_key") == batch) & structuring_versions(model_version, prompt_version, sid)
     )
     plan = {}
     for uc in use_cases:
-        done = existing.filter((pl.col("use_case") == uc.name) & (pl.col("use_case_version") == uc.version))
-        done_keys = set(zip(done.get_column("video_id").to_list(), done.get_column("segment").to_list()))
-        todo = [c for c in caps.to_dicts() if config.restructure or (c["video_id"], c["segment"]) not in done_keys]
+        todo = caps.to_dicts() if config.restructure else pending_captions(caps.to_dicts(), existing, uc)
         plan[uc.name] = (uc, todo)
         context.log.info(f"{uc.name} (version {uc.version}): {len(todo)} captions to structure, {len(caps) - len(todo)} cached")
     engine = None
@@ -164,8 +177,7 @@ def structured_events(
 
     after = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS])
     out = after.filter(
-        (pl.col("batch_key") == batch) & (pl.col("model_version") == model_version)
-        & (pl.col("prompt_version") == prompt_version) & (pl.col("structurer") == sid)
+        (pl.col("batch_key") == batch) & structuring_versions(model_version, prompt_version, sid)
         & pl.col("use_case").is_in([u.name for u in use_cases])
     )
     status = dict(out.group_by("status").len().sort("status").iter_rows())
@@ -211,8 +223,7 @@ def routed_events(
     sid = structurer_id(structurer, vlm.registered_model, model_version)
     use_cases = uc_mod.parse_names(structurer.use_cases)
     events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(
-        (pl.col("batch_key") == batch) & (pl.col("model_version") == model_version)
-        & (pl.col("prompt_version") == prompt_version) & (pl.col("structurer") == sid)
+        (pl.col("batch_key") == batch) & structuring_versions(model_version, prompt_version, sid)
     )
     prose = {(v, s): p for v, s, p in _batch_captions(tables, batch, model_version, prompt_version)
              .select("video_id", "segment", "prose").iter_rows()}
@@ -221,7 +232,7 @@ def routed_events(
     for uc in use_cases:
         threshold = uc.alert_threshold if config.alert_threshold is None else config.alert_threshold
         thresholds[uc.name] = threshold
-        rows = events.filter((pl.col("use_case") == uc.name) & (pl.col("use_case_version") == uc.version)).to_dicts()
+        rows = events.filter(structuring_versions(model_version, prompt_version, sid, uc)).to_dicts()
         a, r = routing.split(rows, threshold, prose)
         alerts += a
         review += r

@@ -32,11 +32,11 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets import usecase as uc_mod
-from video_assets.captions import CaptionsConfig, _engine_name, job_spec, run_captioning
+from video_assets.captions import CaptionsConfig, _engine_name, caption_versions, captioned_ok, job_spec, run_captioning
 from video_assets.evaluate import evaluate_candidate, golden_rows
-from video_assets.events import make_structurer, structure_rows, structurer_id
+from video_assets.events import make_structurer, pending_captions, structure_rows, structurer_id, structuring_versions
 from video_assets.model import CAPTION_PROMPT_NAME, CHALLENGER
-from video_assets.tables import CAPTIONS, KEYS, PROMOTIONS, SCHEMAS, STRUCTURED_EVENTS, VIDEO_METADATA, to_arrow
+from video_assets.tables import CAPTIONS, HEADLINE_METRICS, KEYS, PROMOTIONS, SCHEMAS, STRUCTURED_EVENTS, VIDEO_METADATA, to_arrow
 
 GATED = ("flagged_f1", "macro_f1", "event_f1", "coverage")
 
@@ -63,9 +63,7 @@ class PromotionConfig(Config):
 def _ensure_captions(context, tables, vlm, registry, videos: pl.DataFrame, model_alias, prompt_alias, mv, pv, cfg) -> Path:
     """Caption the golden videos this (model, prompt) has not captioned yet; returns the model folder."""
     path, _ = registry.download_model(vlm.registered_model, model_alias, Path(vlm.cache_dir) / "registry")
-    done = tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(
-        (pl.col("model_version") == mv) & (pl.col("prompt_version") == pv) & (pl.col("status") == "ok")
-    ).get_column("video_id").to_list()
+    done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), mv, pv)
     todo = videos.filter(~pl.col("video_id").is_in(done))
     context.log.info(f"model v{mv} prompt v{pv}: {todo.height} golden videos to caption, {videos.height - todo.height} cached")
     if todo.height:
@@ -78,15 +76,9 @@ def _ensure_captions(context, tables, vlm, registry, videos: pl.DataFrame, model
 
 
 def _ensure_structured(context, tables, settings, uc, path, ids, mv, pv, sid) -> None:
-    caps = tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(
-        (pl.col("model_version") == mv) & (pl.col("prompt_version") == pv) & pl.col("video_id").is_in(ids)
-    )
-    done = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(
-        (pl.col("use_case") == uc.name) & (pl.col("use_case_version") == uc.version) & (pl.col("model_version") == mv)
-        & (pl.col("prompt_version") == pv) & (pl.col("structurer") == sid)
-    )
-    keys = set(zip(done.get_column("video_id").to_list(), done.get_column("segment").to_list()))
-    todo = [c for c in caps.to_dicts() if (c["video_id"], c["segment"]) not in keys]
+    caps = tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(caption_versions(mv, pv) & pl.col("video_id").is_in(ids))
+    events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(structuring_versions(mv, pv, sid))
+    todo = pending_captions(caps.to_dicts(), events, uc)
     if todo:
         rows = structure_rows(make_structurer(settings, path), settings, uc, todo, sid, context.log)
         tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])
@@ -114,7 +106,7 @@ def evaluate_and_promote(
         uc = uc_mod.load(config.use_case)
     except ValueError as exc:
         raise Failure(str(exc)) from exc
-    unknown = [m for m in config.metrics if m not in GATED + ("accuracy", "flagged_precision", "flagged_recall", "mean_iou")]
+    unknown = [m for m in config.metrics if m not in HEADLINE_METRICS]  # the columns an eval_scores row has
     if unknown:
         raise Failure(f"unknown gated metrics {unknown}")
     ids = [g["video_id"] for g in golden_rows(tables, uc.name)]
