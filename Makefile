@@ -7,14 +7,43 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export MLFLOW_ENABLE_TELEMETRY ?= false
 
-.PHONY: demo test ui mlflow-ui install clean-data
+# Tool versions: pip in .venv, and pip-tools in the throwaway venv that `make lock` resolves with.
+PIP_VERSION ?= 26.3
+PIP_TOOLS_VERSION ?= 7.6.2
+LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
+LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-# The stamp is refreshed when pyproject.toml changes, so a new dependency is installed.
-$(BIN)/.installed: pyproject.toml
+.PHONY: demo test lint ui mlflow-ui install lock clean-data
+
+# A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
+# the cpu and dev extras, CPython 3.11, Linux x86_64); then the project itself, editable, with no index,
+# so a lock that no longer satisfies pyproject.toml fails here (run `make lock`). The stamp is refreshed
+# when pyproject.toml or the lock changes.
+$(BIN)/.installed: pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	$(BIN)/pip install --quiet 'pip==$(PIP_VERSION)'
+	$(BIN)/pip install --quiet -r requirements.lock
+	$(BIN)/pip install --quiet --no-index --no-build-isolation -e '.[cpu,dev]' \
+	  || { echo 'requirements.lock does not satisfy pyproject.toml: run `make lock`' >&2; exit 1; }
+	$(BIN)/pip check
 	touch $@
+
+# Re-resolve requirements.lock from pyproject.toml with pip-compile (pip-tools), keeping the current pins
+# where they still fit; `make lock LOCK_ARGS=--upgrade` moves every pin to the newest allowed release.
+# pip, not uv: pip reads this machine's pip config (local torch wheels, torch/torchvision caps).
+lock:
+	test -x $(LOCK_VENV)/bin/pip-compile || { $(PYTHON) -m venv $(LOCK_VENV) \
+	  && $(LOCK_VENV)/bin/pip install --quiet 'pip==$(PIP_VERSION)' 'pip-tools==$(PIP_TOOLS_VERSION)'; }
+	test ! -f requirements.lock || grep -v '^##' requirements.lock > requirements.lock.tmp
+	CUSTOM_COMPILE_COMMAND='make lock' $(LOCK_VENV)/bin/pip-compile --quiet $(LOCK_FLAGS) $(LOCK_ARGS) \
+	  --output-file requirements.lock.tmp pyproject.toml
+	{ echo '## Lock for video-assets: base deps + the [cpu] and [dev] extras + build deps, CPython 3.11, Linux x86_64.'; \
+	  echo '## Made by `make lock`, i.e. pip-tools $(PIP_TOOLS_VERSION) (pip $(PIP_VERSION)):'; \
+	  echo '##   pip-compile $(LOCK_FLAGS) pyproject.toml'; \
+	  echo '## Do not edit by hand.'; \
+	  echo '## `make install` installs exactly this, then the project with no index.'; \
+	  cat requirements.lock.tmp; } > requirements.lock
+	rm -f requirements.lock.tmp
 
 install: $(BIN)/.installed
 
@@ -23,7 +52,12 @@ demo: $(BIN)/.installed
 	test -f $(DAGSTER_HOME)/dagster.yaml || cp dagster_home/dagster.yaml $(DAGSTER_HOME)/
 	$(BIN)/video-assets demo
 
-test: $(BIN)/.installed
+# Lint + format check (configured in pyproject.toml); `make test` runs it first.
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 ui: $(BIN)/.installed

@@ -13,6 +13,7 @@ from pydantic import Field
 
 COMMIT_RETRIES = 5  # concurrent runs of different batches may race on a commit; delta-rs reports it
 
+
 class DeltaTables(ConfigurableResource):
     """Reads with polars, writes idempotent merges with deltalake."""
 

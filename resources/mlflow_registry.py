@@ -1,20 +1,21 @@
 """MLflow: model registry (aliases), prompt registry and tracking. A SQLite store under
-$DAGSTER_HOME by default, any tracking server by URI."""
+$DAGSTER_HOME by default, any tracking server by URI.
+
+Everything goes through an explicit ``MlflowClient`` and explicit run ids: no process-global tracking
+URI or active run, so two resources with different stores can live in one process.
+"""
 
 from __future__ import annotations
 
-import os
+import json
+import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from dagster import ConfigurableResource
 from pydantic import Field
-
-# MLflow reads these at import; keep it quiet and offline-friendly.
-os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 @dataclass(frozen=True)
@@ -49,22 +50,19 @@ class MlflowRegistry(ConfigurableResource):
         default=None, description="Artifact location for experiments this product creates (local path or bucket)"
     )
 
-    def _mlflow(self):
-        import mlflow
-
-        mlflow.set_tracking_uri(self.tracking_uri)
-        mlflow.set_registry_uri(self.tracking_uri)
-        return mlflow
+    ui_url: str = Field(default="http://127.0.0.1:5000", description="Base URL of the MLflow UI (run links)")
 
     def client(self):
         from mlflow import MlflowClient
 
-        self._mlflow()
         return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
 
+    def run_url(self, experiment_id: str, run_id: str) -> str:
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
     def experiment_id(self, name: str) -> str:
-        mlflow = self._mlflow()
-        found = mlflow.get_experiment_by_name(name)
+        client = self.client()
+        found = client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
         # An explicit location: without it artifacts land in ./mlruns of whatever the cwd is.
@@ -74,13 +72,38 @@ class MlflowRegistry(ConfigurableResource):
             if "://" not in location:
                 Path(location).mkdir(parents=True, exist_ok=True)
                 location = Path(location).resolve().as_uri()
-        return mlflow.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location)
 
     @contextmanager
-    def run(self, experiment: str, run_name: str, tags: dict[str, str] | None = None) -> Iterator:
-        mlflow = self._mlflow()
-        with mlflow.start_run(experiment_id=self.experiment_id(experiment), run_name=run_name, tags=tags) as run:
+    def run(self, experiment: str, run_name: str, tags: dict[str, str] | None = None):
+        """A run by id (``run.info.run_id``); ended FINISHED, or FAILED when the block raises."""
+        client = self.client()
+        run = client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags or {})
+        try:
             yield run
+        except BaseException:
+            client.set_terminated(run.info.run_id, "FAILED")
+            raise
+        client.set_terminated(run.info.run_id, "FINISHED")
+
+    def log_scores(
+        self, run_id: str, params: dict, metrics: dict[str, float], documents: dict[str, dict], files: dict[str, bytes]
+    ) -> None:
+        """Params, metrics, JSON documents and binary files (e.g. a PNG) of one run."""
+        from mlflow.entities import Metric, Param
+
+        client, now = self.client(), int(time.time() * 1000)
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+            params=[Param(k, str(v)) for k, v in params.items()],
+        )
+        for name, doc in documents.items():
+            client.log_dict(run_id, json.loads(json.dumps(doc)), name)
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, data in files.items():
+                (Path(tmp) / name).write_bytes(data)
+                client.log_artifact(run_id, str(Path(tmp) / name))
 
     # -- models -------------------------------------------------------------------------------
     def find_version(self, name: str, tag: str, value: str):
@@ -113,18 +136,37 @@ class MlflowRegistry(ConfigurableResource):
             if set_alias:
                 client.set_registered_model_alias(name, alias, existing.version)
             return RegisteredModel(name, str(existing.version), alias, source, created=False)
-        mlflow = self._mlflow()
         import mlflow.transformers
 
-        with self.run(experiment, run_name=f"register-{name}", tags={"source": source}), _pipeline_classes_resolved():
+        if not self._model_exists(name):
+            client.create_registered_model(name)
+        with (
+            self.run(experiment, run_name=f"register-{name}", tags={"source": source}) as run,
+            tempfile.TemporaryDirectory() as tmp,
+            _pipeline_classes_resolved(),
+        ):
             # Path form: MLflow copies the folder; the dict form fails for multimodal processors.
-            info = mlflow.transformers.log_model(
-                transformers_model=str(folder), name="model", task=task, tags={"source": source}
-            )
-        version = mlflow.register_model(info.model_uri, name, tags={"source": source, "source_fingerprint": fingerprint, **(tags or {})})
+            mlflow.transformers.save_model(transformers_model=str(folder), path=f"{tmp}/model", task=task)
+            client.log_artifacts(run.info.run_id, f"{tmp}/model", "model")
+            source_uri = f"{run.info.artifact_uri.rstrip('/')}/model"
+        version = client.create_model_version(
+            name,
+            source_uri,
+            run_id=run.info.run_id,
+            tags={"source": source, "source_fingerprint": fingerprint, **(tags or {})},
+        )
         if set_alias:
             client.set_registered_model_alias(name, alias, version.version)
         return RegisteredModel(name, str(version.version), alias, source, created=True)
+
+    def _model_exists(self, name: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client().get_registered_model(name)
+            return True
+        except MlflowException:
+            return False
 
     def resolve_alias(self, name: str, alias: str):
         return self.client().get_model_version_by_alias(name, alias)
@@ -134,7 +176,11 @@ class MlflowRegistry(ConfigurableResource):
         """The version behind ``alias`` as a string, or None when the alias (or the name) does not exist."""
         client = self.client()
         try:
-            v = client.get_model_version_by_alias(name, alias) if kind == "model" else client.get_prompt_version_by_alias(name, alias)
+            v = (
+                client.get_model_version_by_alias(name, alias)
+                if kind == "model"
+                else client.get_prompt_version_by_alias(name, alias)
+            )
         except Exception:
             return None
         return str(v.version)
@@ -155,8 +201,15 @@ class MlflowRegistry(ConfigurableResource):
         else:
             client.delete_prompt_alias(name, alias)
 
-    def place_new_version(self, kind: str, name: str, version: str | int, production: str = "production",
-                          challenger: str = "challenger", skip_gate: bool = False) -> str:
+    def place_new_version(
+        self,
+        kind: str,
+        name: str,
+        version: str | int,
+        production: str = "production",
+        challenger: str = "challenger",
+        skip_gate: bool = False,
+    ) -> str:
         """Where a (possibly new) version goes: behind ``production`` when there is none yet (or
         ``skip_gate``), nowhere new when it already is production, else behind ``challenger`` for the
         promotion job to evaluate. Returns the alias it is behind."""
@@ -179,41 +232,51 @@ class MlflowRegistry(ConfigurableResource):
         target = Path(dest) / f"{name}-v{version.version}"
         done = target / ".complete"
         if not done.exists():
-            mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(target), tracking_uri=self.tracking_uri)
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=version.source, dst_path=str(target), tracking_uri=self.tracking_uri
+            )
             done.touch()
         return model_dir(target), str(version.version)
 
     # -- prompts ------------------------------------------------------------------------------
-    def register_prompt(self, name: str, template: str, alias: str | None, commit_message: str = "") -> RegisteredPrompt:
+    def register_prompt(
+        self, name: str, template: str, alias: str | None, commit_message: str = ""
+    ) -> RegisteredPrompt:
         """A new prompt version only when the text changed; ``alias`` (unless None) then points at it."""
-        mlflow = self._mlflow()
+        client = self.client()
         try:
-            latest = mlflow.genai.load_prompt(f"prompts:/{name}@latest", link_to_model=False)
+            latest = client.load_prompt(f"prompts:/{name}@latest")
         except Exception:
             latest = None
         if latest is not None and latest.template == template:
             version, created = int(latest.version), False
         else:
-            pv = mlflow.genai.register_prompt(name=name, template=template, commit_message=commit_message or None)
+            pv = client.register_prompt(name=name, template=template, commit_message=commit_message or None)
             version, created = int(pv.version), True
         if alias is not None:
-            mlflow.genai.set_prompt_alias(name, alias, version)
+            client.set_prompt_alias(name, alias, version)
         return RegisteredPrompt(name, version, alias or "", template, created)
 
     def load_prompt(self, name: str, alias: str) -> RegisteredPrompt:
-        mlflow = self._mlflow()
-        pv = mlflow.genai.load_prompt(f"prompts:/{name}@{alias}", link_to_model=False)
+        pv = self.client().load_prompt(f"prompts:/{name}@{alias}")
         return RegisteredPrompt(name, int(pv.version), alias, pv.template, created=False)
 
 
 @contextmanager
 def _pipeline_classes_resolved():
-    """transformers 5 names pipeline classes as dotted strings in its task registry; MLflow 3.17's
-    path-form logging reads ``impl.__name__``. Resolve the string to the class while logging."""
+    """transformers 5 lists pipeline classes in its task registry as dotted strings (lazy imports);
+    MLflow's transformers flavor (3.17/3.18) reads ``impl.__name__`` of that entry while saving in path
+    form and fails with "'str' object has no attribute '__name__'". While saving, resolve the string
+    to the class. Applied only when the installed transformers has the string form, so it is a no-op
+    once either side changes."""
     import importlib
 
     from transformers import pipelines
 
+    sample = next(iter(pipelines.SUPPORTED_TASKS.values()), {}).get("impl")
+    if not isinstance(sample, str):
+        yield
+        return
     original = pipelines.check_task
 
     def check_task(task):

@@ -24,11 +24,6 @@ def env_or(name: str, default: str) -> str | EnvVar:
     return EnvVar(name) if os.environ.get(name) else default
 
 
-def env_value(name: str, default: str) -> str:
-    """The resolved value, for code that runs outside a resource (CLI, defaults shown in logs)."""
-    return os.environ.get(name) or default
-
-
 def default_volume_uri() -> str:
     return str(BUNDLED_SAMPLES)
 

@@ -3,11 +3,15 @@
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from video_assets.core.inference.vllm import VllmSettings
+
 CAPTIONER = "captioner"  # structure with the captioning VLM itself (the version that wrote the caption)
 
 
 class StructurerSettings(ConfigurableResource):
-    use_cases: str = Field(default="object_handling", description="Comma-separated use cases (video_assets/usecases/<name>)")
+    use_cases: str = Field(
+        default="object_handling", description="Comma-separated use cases (video_assets/usecases/<name>)"
+    )
     model: str = Field(
         default=CAPTIONER,
         description=f"'{CAPTIONER}' (the captioning VLM) or a separate text model: a hub id or local folder",
@@ -16,7 +20,8 @@ class StructurerSettings(ConfigurableResource):
     device: str = Field(default="auto", description="transformers device: auto | cpu | cuda")
     batch_size: int = Field(default=4, ge=1)
     max_new_tokens: int = Field(
-        default=1024, ge=1,
+        default=1024,
+        ge=1,
         description="First-pass cap; at or above the longest output the schema admits, so a complete record always fits",
     )
     retry_max_new_tokens: int = Field(default=16, ge=1, description="Cap of the verdict-only retry")
@@ -24,6 +29,12 @@ class StructurerSettings(ConfigurableResource):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM")
     max_model_len: int = Field(default=8192, ge=256, description="vLLM")
 
-    def vllm_settings(self) -> dict:
-        return {"tensor_parallel_size": self.tensor_parallel_size, "batch_size": self.batch_size,
-                "gpu_memory_utilization": self.gpu_memory_utilization, "max_model_len": self.max_model_len}
+    def vllm_settings(self, model_source: str) -> VllmSettings:
+        return VllmSettings(
+            model_source=model_source,
+            tensor_parallel_size=self.tensor_parallel_size,
+            batch_size=self.batch_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+            max_new_tokens=self.max_new_tokens,
+        )

@@ -13,7 +13,11 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-TINY_MODEL_SOURCE = "tiny-random-qwen2.5-vl"  # built locally; random weights, nonsense captions
+from video_assets.core.inference.vllm import VllmSettings
+from video_assets.core.models.tiny_vlm import TINY_MODEL_NAME
+
+# Built locally; random weights, nonsense captions.
+TINY_MODEL_SOURCE = TINY_MODEL_NAME
 
 
 class VlmSettings(ConfigurableResource):
@@ -38,6 +42,19 @@ class VlmSettings(ConfigurableResource):
     max_num_seqs: int = Field(default=64, ge=1)
     max_model_len: int = Field(default=32768, ge=256)
 
+    def vllm_settings(self, model_path: str) -> VllmSettings:
+        """The vLLM engine settings of the captioning stage, for the model downloaded to ``model_path``."""
+        return VllmSettings(
+            model_source=model_path,
+            tensor_parallel_size=self.tensor_parallel_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            concurrency=self.vlm_concurrency,
+            batch_size=self.vlm_batch_size,
+            max_new_tokens=self.max_new_tokens,
+        )
+
     @property
     def is_tiny(self) -> bool:
         return self.model_source == TINY_MODEL_SOURCE
@@ -45,7 +62,7 @@ class VlmSettings(ConfigurableResource):
     def materialize_source(self) -> tuple[Path, str]:
         """A local folder holding the model, and a fingerprint identifying its exact content."""
         if self.is_tiny:
-            from resources.tiny_qwen import build_tiny_qwen25_vl
+            from video_assets.core.models.tiny_vlm import build_tiny_qwen25_vl
 
             folder = build_tiny_qwen25_vl(Path(self.cache_dir) / TINY_MODEL_SOURCE)
             return folder, f"local:{TINY_MODEL_SOURCE}:{folder_digest(folder)}"
@@ -58,7 +75,9 @@ class VlmSettings(ConfigurableResource):
 
         try:
             path = Path(
-                snapshot_download(self.model_source, revision=self.model_revision, cache_dir=str(Path(self.cache_dir) / "hub"))
+                snapshot_download(
+                    self.model_source, revision=self.model_revision, cache_dir=str(Path(self.cache_dir) / "hub")
+                )
             )
         except Exception as exc:
             raise RuntimeError(

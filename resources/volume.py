@@ -2,54 +2,33 @@
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from typing import IO
 
 import pyarrow.fs as pafs
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from video_assets.core.media.source import is_remote, resolve
+from video_assets.core.uploads.discovery import VolumeFile, sha256_stream
+
 VIDEO_SUFFIXES = (
-    ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".m2ts",
-    ".flv", ".wmv", ".3gp", ".ogv", ".mxf",
+    ".mp4",
+    ".m4v",
+    ".mov",
+    ".mkv",
+    ".webm",
+    ".avi",
+    ".mpg",
+    ".mpeg",
+    ".ts",
+    ".mts",
+    ".m2ts",
+    ".flv",
+    ".wmv",
+    ".3gp",
+    ".ogv",
+    ".mxf",
 )
-HASH_CHUNK = 8 * 1024 * 1024  # streamed: a 10 GB file never sits in memory
-
-
-@dataclass(frozen=True)
-class VolumeFile:
-    uri: str  # what the rest of the pipeline opens: a local path or a full object-store URI
-    size_bytes: int
-    mtime: float  # seconds since the epoch
-
-
-def is_remote(uri: str) -> bool:
-    return "://" in uri and not uri.startswith("file://")
-
-
-def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem holding ``uri`` and the path within it."""
-    if is_remote(uri):
-        return pafs.FileSystem.from_uri(uri)
-    return pafs.LocalFileSystem(), uri.removeprefix("file://")
-
-
-def open_media(uri: str) -> str | IO[bytes]:
-    """What PyAV should open: a local path (FFmpeg does its own I/O) or a seekable remote stream."""
-    if not is_remote(uri):
-        return uri.removeprefix("file://")
-    fs, path = resolve(uri)
-    return fs.open_input_file(path)
-
-
-def sha256_stream(stream: IO[bytes], chunk: int = HASH_CHUNK) -> str:
-    digest = hashlib.sha256()
-    while True:
-        block = stream.read(chunk)
-        if not block:
-            return digest.hexdigest()
-        digest.update(block)
 
 
 class VideoVolume(ConfigurableResource):
@@ -118,4 +97,3 @@ class VideoVolume(ConfigurableResource):
     def content_hash(self, uri: str) -> str:
         with self.open(uri) as stream:
             return sha256_stream(stream)
-

@@ -64,10 +64,20 @@ def resources(volume_dir, dagster_home):
 
 @pytest.fixture(scope="session")
 def tiny_model_cache(tmp_path_factory) -> Path:
-    """A models cache holding the tiny random Qwen2.5-VL, built once per test session."""
-    from resources.tiny_qwen import build_tiny_qwen25_vl
+    """A models cache holding the tiny random Qwen2.5-VL, built once per test session: the only build
+    of the default tiny model. Session-scoped, so shared by every test: read it, never modify it
+    (a test that needs to change a model copies it first)."""
     from resources.vlm import TINY_MODEL_SOURCE
+    from tests.fixtures.tiny_models import build_tiny_vlm
 
     cache = tmp_path_factory.mktemp("models")
-    build_tiny_qwen25_vl(cache / TINY_MODEL_SOURCE)
+    build_tiny_vlm(cache / TINY_MODEL_SOURCE)
     return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_cache) -> Path:
+    """The tiny model's folder inside ``tiny_model_cache`` (where ``VlmSettings`` looks for it)."""
+    from resources.vlm import TINY_MODEL_SOURCE
+
+    return tiny_model_cache / TINY_MODEL_SOURCE

@@ -10,12 +10,12 @@ from dagster_ray import LocalRay
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
-from video_assets.captions import captions
-from video_assets.checks import caption_checks
-from video_assets.ingest import raw_videos, video_metadata
-from video_assets.model import caption_prompt, vlm_model
-from video_assets.partitions import video_batches
-from video_assets.registration import register_new_files
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.captioning.checks import captioning_checks as caption_checks
+from video_assets.defs.ingest.assets import raw_videos, video_metadata
+from video_assets.defs.ingest.registration import register_new_files
+from video_assets.defs.models.assets import caption_prompt, vlm_model
+from video_assets.defs.partitions import video_batches
 
 GOOD = ["realshort.mp4", "asl_eat.mkv", "no_duration.webm", "fire2.mp4"]
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4}}}}
@@ -27,8 +27,11 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
     (volume_dir / "corrupt.mp4").write_bytes(os.urandom(40_000))
     res = {
         **resources,
-        "mlflow_registry": MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")),
-        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), max_new_tokens=12, vlm_batch_size=2),
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
+        ),
+        # The engine is pinned: "auto" would pick vLLM on a machine with a GPU and vLLM.
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=12, vlm_batch_size=2),
         "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
     }
     plan = register_new_files(res["volume"], res["tables"])
@@ -42,11 +45,15 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
     def caption():
         result = materialize(
             [captions, vlm_model, caption_prompt, raw_videos, video_metadata, *caption_checks],
-            selection=[captions, *caption_checks], partition_key=key, instance=instance, resources=res, run_config=RUN_CONFIG,
+            selection=[captions, *caption_checks],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+            run_config=RUN_CONFIG,
         )
         assert result.success
         checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-        assert checks == {"captions_unique_key": True, "captions_required_columns": True}
+        assert checks == {"unique_key": True, "required_columns": True, "captions_ok_rows_have_prose": True}
         return pl.read_delta(res["tables"].table_uri("captions"))
 
     rows = caption()

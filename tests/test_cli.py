@@ -13,6 +13,8 @@ from tests.conftest import REPO, copy_samples
 
 BIN = Path(sys.executable).parent
 
+pytestmark = pytest.mark.e2e
+
 
 def sh(args, env, timeout=600):
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

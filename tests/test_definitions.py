@@ -2,33 +2,48 @@
 
 from dagster import AssetKey, Definitions
 
+from video_assets.core.tables import KEYS, SCHEMAS
 from video_assets.definitions import defs
+from video_assets.defs.partitions import video_batches
 
 
 def test_definitions_load_and_resolve():
     Definitions.validate_loadable(defs)
     graph = defs.resolve_asset_graph()
-    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert {"raw_videos", "video_metadata"} <= keys
+    keys = set(graph.get_all_asset_keys())
+    # Every job's selection resolves to something it can run; asset jobs select assets that exist.
+    for job in defs.jobs:
+        resolved = defs.resolve_job_def(job.name)
+        assert resolved.graph.node_defs, job.name
+        assert resolved.asset_layer.executable_asset_keys <= keys, job.name
+    # Every schedule and sensor with a target runs a job that resolves.
+    targets = [(s.name, s.job_name) for s in defs.schedules]
+    targets += [(s.name, t.job_name) for s in defs.sensors for t in s.targets]  # automation sensors: none
+    for name, job_name in targets:
+        assert defs.resolve_job_def(job_name), name
+
+
+def test_batch_pipeline_runs_exactly_the_per_batch_assets():
+    graph = defs.resolve_asset_graph()
     job = defs.resolve_job_def("batch_pipeline")
-    assert job.partitions_def is not None and job.partitions_def.name == "video_batches"
-    assert defs.resolve_sensor_def("upload_sensor").job_name == "batch_pipeline"
-    # A batch's run covers every per-batch asset and nothing that reads all batches.
-    in_job = {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
-    assert in_job == {"raw_videos", "video_metadata", "captions", "structured_events", "alerts", "review_queue"}
-    assert {"golden_set", "eval_scores"} <= keys
-    assert {j for j in ("register_model", "evaluate", "promote_challenger", "table_maintenance")
-            if defs.resolve_job_def(j)} == {"register_model", "evaluate", "promote_challenger", "table_maintenance"}
-    assert {s.name for s in defs.schedules} == {"table_maintenance_schedule", "evaluation_schedule"}
+    assert job.partitions_def == video_batches
+    assert defs.resolve_sensor_def("upload_sensor").job_name == job.name
+    # A batch's run covers every asset partitioned by batch, and nothing that reads all batches.
+    per_batch = {k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def == video_batches}
+    assert per_batch, "no asset is partitioned by video_batches"
+    assert set(job.asset_layer.executable_asset_keys) == per_batch
 
 
 def test_every_table_asset_declares_its_column_schema():
     graph = defs.resolve_asset_graph()
-    for key in graph.get_all_asset_keys():
-        if key.to_user_string() in ("vlm_model", "caption_prompt"):  # MLflow entries, not tables
-            continue
-        schema = graph.get(key).metadata["dagster/column_schema"]
-        assert {c.name for c in schema.columns} & {"video_id", "eval_id"}, key
+    tables = [k for k in graph.get_all_asset_keys() if "delta" in graph.get(k).kinds]
+    assert tables
+    for key in tables:
+        name = key.to_user_string()
+        assert name in SCHEMAS, f"{name} is a delta asset without a declared schema"
+        declared = [(c.name, c.type) for c in graph.get(key).metadata["dagster/column_schema"].columns]
+        assert declared == [(f.name, str(f.type)) for f in SCHEMAS[name]], name
+        assert set(KEYS[name]) <= {n for n, _ in declared}, f"{name}: key columns missing from the schema"
 
 
 def test_resources_default_to_the_embedded_setup(monkeypatch, tmp_path):
@@ -47,8 +62,6 @@ def test_resources_default_to_the_embedded_setup(monkeypatch, tmp_path):
 def test_evaluation_automation_rescores_after_new_events(instance):
     import dagster as dg
 
-    from video_assets.partitions import video_batches
-
     assert defs.resolve_sensor_def("evaluation_automation").default_status == dg.DefaultSensorStatus.STOPPED
     evaluation = dg.AssetSelection.groups("evaluation")
     instance.add_dynamic_partitions(video_batches.name, ["b1"])
@@ -56,7 +69,11 @@ def test_evaluation_automation_rescores_after_new_events(instance):
     assert first.get_num_requested(AssetKey("eval_scores")) == 0  # nothing new since the first look
     instance.report_runless_asset_event(dg.AssetMaterialization("golden_set"))
     instance.report_runless_asset_event(dg.AssetMaterialization("structured_events", partition="b1"))
-    second = dg.evaluate_automation_conditions(defs=defs, instance=instance, asset_selection=evaluation, cursor=first.cursor)
+    second = dg.evaluate_automation_conditions(
+        defs=defs, instance=instance, asset_selection=evaluation, cursor=first.cursor
+    )
     assert second.get_num_requested(AssetKey("eval_scores")) == 1
-    third = dg.evaluate_automation_conditions(defs=defs, instance=instance, asset_selection=evaluation, cursor=second.cursor)
+    third = dg.evaluate_automation_conditions(
+        defs=defs, instance=instance, asset_selection=evaluation, cursor=second.cursor
+    )
     assert third.get_num_requested(AssetKey("eval_scores")) == 0  # requested once, not on every tick

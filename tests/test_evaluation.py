@@ -2,7 +2,7 @@
 
 import pytest
 
-from video_assets.evaluation import (
+from video_assets.core.evaluation.metrics import (
     Event,
     bootstrap_ci,
     confusion_matrix,
@@ -74,12 +74,17 @@ def test_coverage_counts_unparsed():
 
 # -- score_use_case: from rows to scores -----------------------------------------------------------
 
-from video_assets.evaluation import score_use_case, video_predictions  # noqa: E402
+from video_assets.core.evaluation.metrics import score_use_case, video_predictions  # noqa: E402
 
 
 def _golden():
     return [
-        {"video_id": "a", "file": "a.mp4", "verdict": "confirmed", "events": [{"start_s": 6, "end_s": 7, "action": "pick up", "object": "cup"}]},
+        {
+            "video_id": "a",
+            "file": "a.mp4",
+            "verdict": "confirmed",
+            "events": [{"start_s": 6, "end_s": 7, "action": "pick up", "object": "cup"}],
+        },
         {"video_id": "b", "file": "b.mp4", "verdict": "none", "events": []},
         {"video_id": "c", "file": "c.mp4", "verdict": "none", "events": []},
         {"video_id": "d", "file": "d.mp4", "verdict": "possible", "events": []},
@@ -87,31 +92,53 @@ def _golden():
 
 
 def _seg(vid, status, verdict, events=(), segment=0):
-    return {"video_id": vid, "segment": segment, "status": status, "verdict": verdict,
-            "events": [{"start_s": s, "end_s": e, "action": "x", "object": "y"} for s, e in events]}
+    return {
+        "video_id": vid,
+        "segment": segment,
+        "status": status,
+        "verdict": verdict,
+        "events": [{"start_s": s, "end_s": e, "action": "x", "object": "y"} for s, e in events],
+    }
 
 
 def test_segments_combine_to_the_most_severe_answered_verdict():
-    preds = video_predictions([
-        _seg("a", "parsed", "none"), _seg("a", "parsed", "suspected", [(6, 8)], 1), _seg("a", "unparsed", None, segment=2),
-        _seg("b", "unparsed", None), _seg("c", "retried", "possible"), _seg("c", "no_caption", None, segment=1),
-    ])
+    preds = video_predictions(
+        [
+            _seg("a", "parsed", "none"),
+            _seg("a", "parsed", "suspected", [(6, 8)], 1),
+            _seg("a", "unparsed", None, segment=2),
+            _seg("b", "unparsed", None),
+            _seg("c", "retried", "possible"),
+            _seg("c", "no_caption", None, segment=1),
+        ]
+    )
     assert preds["a"]["verdict"] == "suspected" and len(preds["a"]["events"]) == 1
     assert preds["b"]["verdict"] == "unparsed" and preds["c"]["verdict"] == "possible"
 
 
 def test_score_use_case_perfect_and_partial():
     g = _golden()
-    perfect = video_predictions([_seg("a", "parsed", "confirmed", [(6, 7)]), _seg("b", "parsed", "none"),
-                                 _seg("c", "parsed", "none"), _seg("d", "parsed", "possible")])
+    perfect = video_predictions(
+        [
+            _seg("a", "parsed", "confirmed", [(6, 7)]),
+            _seg("b", "parsed", "none"),
+            _seg("c", "parsed", "none"),
+            _seg("d", "parsed", "possible"),
+        ]
+    )
     s = score_use_case(g, perfect, n_boot=50)
     m = s["metrics"]
     assert (m["flagged_f1"], m["accuracy"], m["event_f1"], m["coverage"], m["macro_f1"]) == (1.0, 1.0, 1.0, 1.0, 1.0)
     assert s["confusion"]["matrix"] == [[1, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 2, 0]]
 
     # a: flagged but the event half overlaps (IoU 0.5); b unparsed; c a false alarm; d never structured.
-    partial = video_predictions([_seg("a", "parsed", "confirmed", [(6.5, 7.5)]), _seg("b", "unparsed", None),
-                                 _seg("c", "parsed", "suspected", [(1, 2)])])
+    partial = video_predictions(
+        [
+            _seg("a", "parsed", "confirmed", [(6.5, 7.5)]),
+            _seg("b", "unparsed", None),
+            _seg("c", "parsed", "suspected", [(1, 2)]),
+        ]
+    )
     s = score_use_case(g, partial, iou_threshold=0.3, n_boot=50)
     m = s["metrics"]
     assert s["scored_videos"] == 3 and s["missing"] == ["d.mp4"]

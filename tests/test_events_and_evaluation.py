@@ -8,34 +8,55 @@ import pytest
 from dagster import SkipReason, build_sensor_context, materialize
 from dagster_ray import LocalRay
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import StructurerSettings
-from resources.tiny_qwen import build_tiny_qwen25_vl
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
-from video_assets.captions import captions
-from video_assets.checks import event_checks
-from video_assets.evaluate import eval_checks, eval_scores
-from video_assets.events import routed_events, structured_events
-from video_assets.golden import golden_set
-from video_assets.ingest import raw_videos, video_metadata
-from video_assets.model import caption_prompt, vlm_model
-from video_assets.partitions import video_batches
-from video_assets.promotion import challenger_sensor, promote_challenger_job
-from video_assets.registration import register_new_files
-from video_assets.routing import route
+from tests.fixtures.tiny_models import build_tiny_vlm
+from video_assets.core.routing import route
+from video_assets.core.structuring import usecase as uc_mod
+from video_assets.definitions import defs
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.evaluation.assets import eval_scores, golden_set
+from video_assets.defs.evaluation.checks import evaluation_checks as eval_checks
+from video_assets.defs.ingest.assets import raw_videos, video_metadata
+from video_assets.defs.ingest.registration import register_new_files
+from video_assets.defs.models.assets import caption_prompt, vlm_model
+from video_assets.defs.partitions import video_batches
+from video_assets.defs.promotion.sensors import challenger_sensor
+from video_assets.defs.routing.assets import routed_events
+from video_assets.defs.routing.checks import routing_checks
+from video_assets.defs.structuring.assets import structured_events
+from video_assets.defs.structuring.checks import structuring_checks
 
 CAPTION_CONFIG = {"max_frames": 4, "min_frames": 2}
-ALL = [raw_videos, video_metadata, vlm_model, caption_prompt, captions, structured_events, routed_events, golden_set, eval_scores]
+ALL = [
+    raw_videos,
+    video_metadata,
+    vlm_model,
+    caption_prompt,
+    captions,
+    structured_events,
+    routed_events,
+    golden_set,
+    eval_scores,
+]
 
 
 def _resources(base, tmp_path, model_source=None, cache=None, **structurer):
     return {
         **base,
-        "mlflow_registry": MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")),
-        "vlm": VlmSettings(cache_dir=str(cache), max_new_tokens=8, vlm_batch_size=2,
-                           **({"model_source": model_source} if model_source else {})),
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
+        ),
+        "vlm": VlmSettings(
+            cache_dir=str(cache),
+            max_new_tokens=8,
+            vlm_batch_size=2,
+            **({"model_source": model_source} if model_source else {}),
+        ),
         "structurer": StructurerSettings(device="cpu", **structurer),
         "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
     }
@@ -61,11 +82,28 @@ def test_every_caption_becomes_a_routed_scored_row(instance, resources, volume_d
     run_config = {"ops": {"captions": {"config": CAPTION_CONFIG}}}
     assert materialize([vlm_model, caption_prompt, golden_set], instance=instance, resources=res).success
     per_batch = [raw_videos, video_metadata, captions, structured_events, routed_events]
-    batch_run = materialize([*per_batch, *event_checks], partition_key=key, instance=instance, resources=res, run_config=run_config)
+    batch_run = materialize(
+        [*per_batch, *structuring_checks, *routing_checks],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        run_config=run_config,
+    )
     assert batch_run.success
-    checks = {e.check_name: e.passed for e in batch_run.get_asset_check_evaluations()}
-    assert checks == {"structured_events_unique_key": True, "structured_events_cover_captions": True,
-                      "alerts_unique_key": True, "review_queue_unique_key": True}
+    checks = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in batch_run.get_asset_check_evaluations()}
+    assert checks == {
+        (t, c): True
+        for t in ("structured_events", "alerts", "review_queue")
+        for c in ("unique_key", "required_columns")
+    } | {("structured_events", "structured_events_cover_captions"): True}
+    # Data versions name what a batch's rows derive from, so a new prompt or use case makes them stale.
+    versions = {
+        m.asset_key.to_user_string(): m.tags["dagster/data_version"]
+        for m in (e.event_specific_data.materialization for e in batch_run.get_asset_materialization_events())
+    }
+    assert versions["captions"] == "model-v1-prompt-v1"
+    ucs = [uc_mod.load(n) for n in ("object_handling", "loss_prevention")]
+    assert all(f"{u.name}:{u.version}" in versions["structured_events"] for u in ucs)
     strips = batch_run.asset_materializations_for_node("captions")[0].metadata["sampled_frames"].value
     assert strips.count("](data:image/jpeg;base64,") == 3  # the three good clips, not the corrupt one
 
@@ -91,8 +129,13 @@ def test_every_caption_becomes_a_routed_scored_row(instance, resources, volume_d
         assert review.filter(key_cols).height == (where == "review_queue")
 
     # A new threshold moves rows on rerun: at 0 every flagged row with a confidence is an alert.
-    assert materialize([routed_events], partition_key=key, instance=instance, resources=res,
-                       run_config={"ops": {"routed_events": {"config": {"alert_threshold": 0.0}}}}).success
+    assert materialize(
+        [routed_events],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"routed_events": {"config": {"alert_threshold": 0.0}}}},
+    ).success
     flagged = events.filter(pl.col("verdict").is_in(["confirmed", "suspected"]) & pl.col("confidence").is_not_null())
     assert read(res, "alerts").height == flagged.height
     assert set(read(res, "alerts")["threshold"]) <= {0.0}
@@ -102,8 +145,12 @@ def test_every_caption_becomes_a_routed_scored_row(instance, resources, volume_d
     meta = again.asset_materializations_for_node("structured_events")[0].metadata
     assert meta["rows_written"].value == 0 and read(res, "structured_events").height == 8
 
-    result = materialize([eval_scores, *eval_checks], instance=instance, resources=res,
-                         run_config={"ops": {"eval_scores": {"config": {"bootstrap": 50}}}})
+    result = materialize(
+        [eval_scores, *eval_checks],
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"eval_scores": {"config": {"bootstrap": 50}}}},
+    )
     assert result.success
     scores = read(res, "eval_scores")
     assert sorted(scores["use_case"]) == ["loss_prevention", "object_handling"]
@@ -117,8 +164,27 @@ def test_every_caption_becomes_a_routed_scored_row(instance, resources, volume_d
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"confusion.png", "scores.json"}
     meta = result.asset_materializations_for_node("eval_scores")[0].metadata
     assert meta["object_handling/confusion"].value.startswith("![confusion matrix](data:image/png;base64,")
-    [check] = result.get_asset_check_evaluations()
-    assert check.check_name == "eval_scores_above_floors"
+    checks = {
+        e.check_name: e.passed
+        for e in result.get_asset_check_evaluations()
+        if e.asset_key.to_user_string() == "eval_scores"
+    }
+    # Random weights: coverage is whatever it is, but the floor check must agree with the row.
+    assert checks["unique_key"] and checks["required_columns"]
+    assert checks["eval_scores_above_floors"] == bool((scores["coverage"] >= 0.9).all())
+
+
+def _decisions(result):
+    return [
+        m
+        for m in result.asset_materializations_for_node("promotion_decisions")
+        if m.asset_key.to_user_string() == "promotion_decisions"
+    ]
+
+
+def _decision(result):
+    [mat] = _decisions(result)
+    return mat.metadata
 
 
 @pytest.mark.slow
@@ -126,8 +192,8 @@ def test_promotion_both_ways(instance, resources, volume_dir, tmp_path):
     # Two labelled 'confirmed' clips and one 'none': a model that always answers confirmed beats one
     # that always answers none on flagged F1 (0.8 vs 0) and macro F1 (0.7 vs 0.625).
     copy_samples(volume_dir, ["bottle-detection.mp4", "sam2_04_coffee.mp4", "asl_eat.mkv"])
-    says_none = build_tiny_qwen25_vl(tmp_path / "models" / "says-none", prefer="none")
-    says_confirmed = build_tiny_qwen25_vl(tmp_path / "models" / "says-confirmed", prefer="confirmed")
+    says_none = build_tiny_vlm(tmp_path / "models" / "says-none", prefer="none")
+    says_confirmed = build_tiny_vlm(tmp_path / "models" / "says-confirmed", prefer="confirmed")
     cache = tmp_path / "cache"
     base = _resources(resources, tmp_path, model_source=str(says_none), cache=cache)
     key = _batch(base, instance)
@@ -146,33 +212,50 @@ def test_promotion_both_ways(instance, resources, volume_dir, tmp_path):
     request = challenger_sensor(build_sensor_context(instance=instance, resources=sensor_res))
     assert request.run_key == "model-2-prompt-None"
 
-    run_config = {"ops": {"evaluate_and_promote": {"config": {"bootstrap": 20, "max_frames": 4, "min_frames": 2}}}}
-    better = promote_challenger_job.execute_in_process(instance=instance, resources=challenger, run_config=run_config)
-    assert better.success and better.output_for_node("evaluate_and_promote")["promoted"] is True
+    run_config = {"ops": {"promotion_decisions": {"config": {"bootstrap": 20, "max_frames": 4, "min_frames": 2}}}}
+    better = defs.resolve_job_def("promote_challenger").execute_in_process(
+        instance=instance, resources=challenger, run_config=run_config
+    )
+    assert better.success and _decision(better)["promoted"].value is True
+    # What the job wrote into other stages' tables has lineage: materialisations of those assets.
+    written = {
+        m.asset_key.to_user_string()
+        for m in better.get_asset_materialization_events()
+        for m in [m.event_specific_data.materialization]
+    }
+    assert written >= {"captions", "structured_events", "eval_scores", "promotion_decisions"}
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "2"
     decisions = read(base, "promotion_decisions")
     assert decisions.height == 1 and decisions["promoted"][0]
     scores = read(base, "eval_scores")
     by_candidate = {r["candidate"]: r for r in scores.to_dicts()}
-    assert by_candidate["production"]["flagged_f1"] == 0.0 and by_candidate["challenger"]["flagged_f1"] == pytest.approx(0.8)
+    assert by_candidate["production"]["flagged_f1"] == 0.0 and by_candidate["challenger"][
+        "flagged_f1"
+    ] == pytest.approx(0.8)
     assert {by_candidate["production"]["eval_id"], by_candidate["challenger"]["eval_id"]} == {
-        decisions["production_eval_id"][0], decisions["challenger_eval_id"][0]}
+        decisions["production_eval_id"][0],
+        decisions["challenger_eval_id"][0],
+    }
 
     # The always-none model comes back as challenger (same bytes: version 1 again) and is rejected.
     reg = materialize([vlm_model], instance=instance, resources=base)
     assert reg.asset_materializations_for_node("vlm_model")[0].metadata["alias"].value == "challenger"
-    worse = promote_challenger_job.execute_in_process(instance=instance, resources=base, run_config=run_config)
-    out = worse.output_for_node("evaluate_and_promote")
-    assert worse.success and out["promoted"] is False and "flagged_f1" in out["reason"]
+    worse = defs.resolve_job_def("promote_challenger").execute_in_process(
+        instance=instance, resources=base, run_config=run_config
+    )
+    out = _decision(worse)
+    assert worse.success and out["promoted"].value is False and "flagged_f1" in out["reason"].value
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "2"  # unchanged
     decisions = read(base, "promotion_decisions").sort("decided_at")
     assert decisions["promoted"].to_list() == [True, False]
     assert read(base, "eval_scores").height == 4  # both score sets of both decisions
-    with pytest.raises(Exception):
+    with pytest.raises(MlflowException, match="challenger"):
         client.get_model_version_by_alias("video-captioner", "challenger")  # evaluated: alias cleared
     assert "rejected" in client.get_model_version("video-captioner", "1").tags["promotion"]
 
     # Nothing to evaluate now.
-    idle = promote_challenger_job.execute_in_process(instance=instance, resources=base, run_config=run_config)
-    assert idle.output_for_node("evaluate_and_promote") == {"promoted": None}
+    idle = defs.resolve_job_def("promote_challenger").execute_in_process(
+        instance=instance, resources=base, run_config=run_config
+    )
+    assert idle.success and _decisions(idle) == []
     assert isinstance(challenger_sensor(build_sensor_context(instance=instance, resources=sensor_res)), SkipReason)

@@ -7,24 +7,54 @@ import polars as pl
 import pytest
 from dagster import AssetKey, materialize
 
-from tests.conftest import SAMPLES
-from video_assets.golden import USE_CASES, golden_set, load_labels
+from tests.conftest import BUNDLED, SAMPLES
+from video_assets.core.evaluation.golden import label_files, load_labels
+from video_assets.core.media.probe import probe
+from video_assets.core.structuring.usecase import USE_CASES_DIR as USE_CASES
+from video_assets.core.vocabulary import VERDICTS
+from video_assets.defs.evaluation.assets import golden_set
 
 LABELS = USE_CASES / "object_handling" / "golden.jsonl"
+USE_CASE_LABELS = label_files()
+LABEL_GRANULARITY_S = 0.1  # labels give times to a tenth of a second, rounded to the nearest
 
 
-def test_shipped_labels_are_valid_and_match_the_counts():
-    records, version = load_labels(LABELS)
-    assert len(records) == 24 and len(version) == 12
-    counts = {v: sum(r.verdict == v for r in records) for v in ("confirmed", "suspected", "possible", "none")}
-    assert counts == {"confirmed": 6, "suspected": 0, "possible": 1, "none": 17}
+def clip(name: str):
+    """The labelled clip in the corpus (when present) or among the bundled samples; None if neither has it."""
+    for folder in (SAMPLES, BUNDLED):
+        if (folder / name).is_file():
+            return folder / name
+    return None
 
 
-@pytest.mark.skipif(not (SAMPLES / "MANIFEST.csv").exists(), reason="sample corpus not present")
-def test_labels_point_at_the_sample_bytes():
-    records, _ = load_labels(LABELS)
+@pytest.mark.parametrize("use_case", sorted(USE_CASE_LABELS))
+def test_shipped_labels_are_valid_and_consistent(use_case):
+    records, version = load_labels(USE_CASE_LABELS[use_case])
+    assert records, f"{use_case} has no labels"
+    assert len({r.file for r in records}) == len(records), "a file is labelled twice"
+    assert len({r.sha256 for r in records}) == len(records), "two labels point at the same bytes"
     for r in records:
-        assert hashlib.sha256((SAMPLES / r.file).read_bytes()).hexdigest() == r.sha256, r.file
+        assert r.verdict in VERDICTS, r.file
+        for e in r.events:
+            assert 0 <= e.start_s <= e.end_s, r.file
+
+
+@pytest.mark.parametrize("use_case", sorted(USE_CASE_LABELS))
+def test_labels_point_at_sample_bytes_and_events_lie_inside_the_clip(use_case):
+    records, _ = load_labels(USE_CASE_LABELS[use_case])
+    checked = 0
+    for r in records:
+        path = clip(r.file)
+        if path is None:  # in the corpus only, and the corpus is absent
+            assert not (SAMPLES / "MANIFEST.csv").exists(), f"{r.file} is labelled but not in the corpus"
+            continue
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == r.sha256, r.file
+        if r.events:
+            result = probe(str(path))
+            assert result.ok, (r.file, result.error)
+            assert max(e.end_s for e in r.events) <= result.duration_s + LABEL_GRANULARITY_S, r.file
+        checked += 1
+    assert checked, f"none of {use_case}'s labelled clips is bundled or in the corpus"
 
 
 def test_bad_labels_are_refused_with_the_line(tmp_path):
@@ -35,14 +65,32 @@ def test_bad_labels_are_refused_with_the_line(tmp_path):
         load_labels(bad)
 
 
+def test_the_version_changes_with_the_bytes(tmp_path):
+    _, version = load_labels(LABELS)
+    copy = tmp_path / "golden.jsonl"
+    copy.write_bytes(LABELS.read_bytes())
+    assert load_labels(copy)[1] == version
+    copy.write_bytes(LABELS.read_bytes() + b"\n")  # the same records, other bytes: a new version
+    assert load_labels(copy)[1] != version
+
+
 def test_golden_set_asset_writes_delta(instance, resources):
     assert materialize([golden_set], instance=instance, resources=resources).success
     assert materialize([golden_set], instance=instance, resources=resources).success  # idempotent
     df = pl.read_delta(resources["tables"].table_uri("golden_set"))
-    assert sorted(df["use_case"].unique()) == ["loss_prevention", "object_handling"]
-    df = df.filter(pl.col("use_case") == "object_handling")
-    assert df.height == 24 and df["video_id"].n_unique() == 24
-    bottle = df.filter(pl.col("file") == "bottle-detection.mp4")
-    assert bottle["verdict"][0] == "confirmed" and len(bottle["events"][0]) >= 2
+    assert sorted(df["use_case"].unique()) == sorted(USE_CASE_LABELS)
+    expected_counts: dict[str, int] = {}
+    for use_case, path in USE_CASE_LABELS.items():
+        records, version = load_labels(path)
+        rows = df.filter(pl.col("use_case") == use_case)
+        # Exactly the file's records, once each, keyed by content hash, with the file's version.
+        assert rows.height == len(records) and set(rows["labels_version"]) == {version}
+        by_id = {row["video_id"]: row for row in rows.to_dicts()}
+        assert set(by_id) == {r.sha256 for r in records}
+        for r in records:
+            row = by_id[r.sha256]
+            assert (row["file"], row["verdict"]) == (r.file, r.verdict)
+            assert [(e["start_s"], e["end_s"]) for e in row["events"]] == [(e.start_s, e.end_s) for e in r.events]
+            expected_counts[r.verdict] = expected_counts.get(r.verdict, 0) + 1
     mat = instance.get_latest_materialization_event(AssetKey("golden_set")).asset_materialization
-    assert mat.metadata["verdict_counts"].value["none"] == 17 + 24  # loss_prevention's are all none
+    assert mat.metadata["verdict_counts"].value == expected_counts

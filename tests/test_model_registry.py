@@ -5,7 +5,7 @@ from dagster import AssetKey, materialize
 
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
-from video_assets.model import caption_prompt, vlm_model
+from video_assets.defs.models.assets import caption_prompt, vlm_model
 
 
 @pytest.fixture

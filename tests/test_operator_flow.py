@@ -3,11 +3,13 @@ temporary instance; files dropped into the volume must become partitions and suc
 the upload sensor alone, and the UI must show the graph, the lineage and the tables' metadata.
 
 One server per module (started by the ``operator`` fixture), shared by the flow test and the
-browser test. Select these with ``-m operator`` (or ``-m browser`` for the browser test only).
+browser test. Select these with ``-m operator`` (or ``-m browser`` for the browser test only; every
+end-to-end test, the CLI's included, with ``-m e2e``).
 """
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -51,7 +53,7 @@ CHROMIUM_ARGS = [
 ]
 TERMINAL = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 
-pytestmark = [pytest.mark.slow, pytest.mark.operator]
+pytestmark = [pytest.mark.slow, pytest.mark.operator, pytest.mark.e2e]
 
 
 def _defs():
@@ -373,8 +375,10 @@ def playwright_api():
 
 
 def _node(page, name: str):
-    """An asset's node in the rendered graph (nodes are HTML inside the graph's SVG foreignObjects)."""
-    return page.locator("svg foreignObject").get_by_text(name, exact=True).first
+    """An asset's node in the rendered graph (nodes are HTML inside the graph's SVG foreignObjects).
+    A long name is shown truncated in the middle ("promoti…_decisions"): match that form too."""
+    shown = re.compile(rf"^(?:{re.escape(name)}|{re.escape(name[:4])}[^…]*…[^…]*{re.escape(name[-4:])})$")
+    return page.locator("svg foreignObject").get_by_text(shown).first
 
 
 def _centre_x(page, name: str) -> float:

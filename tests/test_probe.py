@@ -1,31 +1,67 @@
-"""Probe every sample against MANIFEST.csv, plus generated broken files."""
+"""Probe every sample against MANIFEST.csv, generated clips of known make, plus generated broken files.
+
+Runs on a clean clone: only the tests of corpus-only clips skip when the corpus is absent (the rest
+use the bundled samples or files generated here)."""
 
 import csv
 import io
 import os
 
+import av
+import numpy as np
 import pytest
 
-from tests.conftest import SAMPLES
-from video_assets.probe import probe
+from tests.conftest import BUNDLED, SAMPLES, SHARED_SAMPLES
+from video_assets.core.media.probe import probe
 
-MANIFEST = SAMPLES / "MANIFEST.csv"
-pytestmark = pytest.mark.skipif(not MANIFEST.exists(), reason="sample corpus with MANIFEST.csv not present")
+MANIFEST = SHARED_SAMPLES / "MANIFEST.csv"
+needs_corpus = pytest.mark.skipif(not MANIFEST.exists(), reason="sample corpus with MANIFEST.csv not present")
 
 
 def manifest_rows():
     if not MANIFEST.exists():
-        return []
+        return [pytest.param(None, id="no-corpus", marks=needs_corpus)]
     return list(csv.DictReader(MANIFEST.open()))
+
+
+def clip(name: str) -> str:
+    """A sample from the corpus, else the bundled subset; skips the test when only the corpus has it."""
+    for folder in (SAMPLES, BUNDLED):
+        if (folder / name).is_file():
+            return str(folder / name)
+    pytest.skip(f"{name} is only in the sample corpus, which is not present")
+
+
+def make_clip(path, size=(96, 64), fps=25, seconds=3, gop=12, audio=True) -> str:
+    """An H.264 mp4 of known make: ``fps * seconds`` frames, a keyframe every ``gop`` frames, optional AAC."""
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("libx264", rate=fps, options={"g": str(gop), "sc_threshold": "0", "bf": "0"})
+        video.width, video.height, video.pix_fmt = *size, "yuv420p"
+        sound = out.add_stream("aac", rate=8000, layout="mono") if audio else None
+        for i in range(fps * seconds):
+            frame = av.VideoFrame.from_ndarray(np.full((size[1], size[0], 3), i * 3 % 256, np.uint8), format="rgb24")
+            for packet in video.encode(frame):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+        if sound:
+            for k in range(seconds * 8):
+                chunk = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+                chunk.sample_rate, chunk.pts = 8000, k * 1024
+                for packet in sound.encode(chunk):
+                    out.mux(packet)
+            for packet in sound.encode():
+                out.mux(packet)
+    return str(path)
 
 
 def _codec(manifest_value: str) -> str:
     return manifest_value.split("(")[0]
 
 
-@pytest.mark.parametrize("row", manifest_rows(), ids=lambda r: r["file"])
+@pytest.mark.parametrize("row", manifest_rows(), ids=lambda r: r["file"] if r else "no-corpus")
 def test_probe_matches_manifest(row):
-    result = probe(str(SAMPLES / row["file"]))
+    result = probe(str(SHARED_SAMPLES / row["file"]))
     if row["file"] == "carphone_distorted.mp4" and not result.ok:
         assert result.error  # allowed to fail, never without a reason
         return
@@ -46,15 +82,27 @@ def test_probe_matches_manifest(row):
         assert result.audio_codec == row["audio"].split("/")[0]
 
 
+@pytest.mark.parametrize("size,audio", [((96, 64), True), ((64, 96), False)])
+def test_probe_reads_a_clip_of_known_make(tmp_path, size, audio):
+    result = probe(make_clip(tmp_path / "made.mp4", size=size, fps=25, seconds=3, gop=12, audio=audio))
+    assert result.ok, result.error
+    assert (result.container, result.video_codec) == ("mov,mp4,m4a,3gp,3g2,mj2", "h264")
+    assert (result.width, result.height, result.rotation) == (*size, 0)
+    assert result.duration_s == pytest.approx(3.0, abs=0.05) and result.duration_estimated is False
+    assert result.frame_count == 75 and result.avg_fps == pytest.approx(25.0)
+    assert result.keyframe_interval_s == pytest.approx(12 / 25, abs=0.01)
+    assert result.audio_codec == ("aac" if audio else None)
+
+
 def test_fire2_rotation_and_variable_frame_rate():
-    result = probe(str(SAMPLES / "fire2.mp4"))
+    result = probe(clip("fire2.mp4"))
     assert result.rotation == -180
     assert result.real_fps == pytest.approx(90000.0)
     assert result.avg_fps == pytest.approx(10.505, rel=0.01)
 
 
 def test_webm_without_duration_gets_an_estimate():
-    result = probe(str(SAMPLES / "no_duration.webm"))
+    result = probe(clip("no_duration.webm"))
     assert result.ok
     assert result.duration_estimated is True
     # 74 frames at 14.985 fps: the estimate comes from packet timestamps
@@ -62,12 +110,13 @@ def test_webm_without_duration_gets_an_estimate():
 
 
 def test_keyframe_interval_where_the_stream_has_several():
-    result = probe(str(SAMPLES / "cityCC0.mpg"))
+    result = probe(clip("cityCC0.mpg"))
     assert result.keyframe_interval_s == pytest.approx(0.48, abs=0.02)  # a GOP of 12 at 25 fps
 
 
 def test_probe_accepts_a_seekable_stream():
-    data = (SAMPLES / "realshort.mp4").read_bytes()
+    with open(clip("realshort.mp4"), "rb") as f:
+        data = f.read()
     assert probe(io.BytesIO(data)).ok
 
 
@@ -89,7 +138,8 @@ def test_bad_files_are_rows_with_a_reason(tmp_path, name, payload):
 
 @pytest.mark.parametrize("fraction", [0.02, 0.5, 0.9])
 def test_truncated_files_never_raise(tmp_path, fraction):
-    data = (SAMPLES / "sam2_04_coffee.mp4").read_bytes()
+    with open(clip("sam2_04_coffee.mp4"), "rb") as f:
+        data = f.read()
     path = tmp_path / "cut.mp4"
     path.write_bytes(data[: int(len(data) * fraction)])
     result = probe(str(path))

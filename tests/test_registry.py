@@ -2,14 +2,14 @@
 
 import hashlib
 import io
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
-from resources.volume import VolumeFile, sha256_stream
-from video_assets import registry
+from video_assets.core.uploads import discovery as registry
+from video_assets.core.uploads.discovery import VolumeFile, sha256_stream
 
-NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 
 
 def test_streamed_hash_equals_whole_file_hash():

@@ -2,7 +2,6 @@
 
 import csv
 import functools
-import math
 import os
 
 import av
@@ -10,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import SHARED_SAMPLES
-from video_assets.sampling import (
+from tests.conftest import BUNDLED, SHARED_SAMPLES
+from video_assets.core.media.sampling import (
     SamplingConfig,
-    _index_keyframes,
     SamplingError,
+    _index_keyframes,
     apply_rotation,
     densify_around_motion,
     fit_to_budget,
@@ -27,6 +26,16 @@ from video_assets.sampling import (
 
 MANIFEST = SHARED_SAMPLES / "MANIFEST.csv"
 needs_samples = pytest.mark.skipif(not MANIFEST.exists(), reason=f"sample corpus not at {SHARED_SAMPLES}")
+
+
+def clip(name: str) -> str:
+    """A sample from the corpus, else the bundled subset; skips the test when only the corpus has it."""
+    for folder in (SHARED_SAMPLES, BUNDLED):
+        if (folder / name).is_file():
+            return str(folder / name)
+    pytest.skip(f"{name} is only in the sample corpus, not at {SHARED_SAMPLES}")
+
+
 CFG = SamplingConfig()
 NO_DENSIFY = SamplingConfig(motion_densify=False)
 LONG = "one-by-one-person-detection.mp4"
@@ -43,15 +52,15 @@ def sampled(name: str, cfg: SamplingConfig = CFG):
     return _sampled(name, cfg)  # one cache key whether or not cfg is passed
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sampled(name: str, cfg: SamplingConfig):
-    return sample_video(str(SHARED_SAMPLES / name), cfg)
+    return sample_video(clip(name), cfg)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def frame_times(name: str) -> tuple[float, ...]:
     """Presentation times of every frame, relative to the stream start, from demuxing alone."""
-    with av.open(str(SHARED_SAMPLES / name)) as c:
+    with av.open(clip(name)) as c:
         s = c.streams.video[0]
         t0 = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
         return tuple(sorted(float(p.pts * s.time_base) - t0 for p in c.demux(s) if p.pts is not None))
@@ -60,7 +69,7 @@ def frame_times(name: str) -> tuple[float, ...]:
 def full_decode(name: str, times: list[float]) -> dict[float, av.VideoFrame]:
     """Frames at the given relative times from a plain decode of the whole file (no seeking)."""
     wanted, out = {round(t, 6) for t in times}, {}
-    with av.open(str(SHARED_SAMPLES / name)) as c:
+    with av.open(clip(name)) as c:
         s = c.streams.video[0]
         t0 = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
         for frame in c.decode(s):
@@ -290,7 +299,6 @@ def test_every_sample_picks_the_first_frame_at_or_after_each_target(name):
     assert result.segments[0].timestamps == pytest.approx(first_at_or_after(frame_times(name), targets), abs=1e-9)
 
 
-@needs_samples
 @pytest.mark.parametrize("name", ["cockatoo.mp4", "cityCC0.mpg", "bikes.mp4", "tree.avi", "no_duration.webm", LONG])
 def test_sparse_frames_equal_the_same_frames_from_a_full_decode(name):
     """Seeking must not change pixels (cockatoo and MPEG-2 give corrupt frames after a careless seek)."""
@@ -304,11 +312,10 @@ def test_sparse_frames_equal_the_same_frames_from_a_full_decode(name):
         assert np.abs(ref.astype(int) - got).mean() < 0.5, t
 
 
-@needs_samples
 @pytest.mark.parametrize("name", [LONG, "cockatoo.mp4", "bikes.mp4", "asl_eat.mkv", "tree.avi"])
 def test_index_keyframes_are_presentation_times(name):
     """mp4 indexes decode times (B-frames: earlier than presentation); seeks are planned on presentation times."""
-    with av.open(str(SHARED_SAMPLES / name)) as c:
+    with av.open(clip(name)) as c:
         s = c.streams.video[0]
         t0 = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
         from_index = _index_keyframes(c, s, t0)
@@ -316,7 +323,6 @@ def test_index_keyframes_are_presentation_times(name):
     assert from_index == [] if len(keys) < 2 else from_index == pytest.approx(keys, abs=1e-6)
 
 
-@needs_samples
 def test_fire2_uses_real_presentation_times_and_turns_the_picture():
     result = sampled("fire2.mp4")
     seg = result.segments[0]
@@ -336,7 +342,6 @@ def test_fire2_uses_real_presentation_times_and_turns_the_picture():
         assert err < 4 and wrong > 3 * err, (t, err, wrong)
 
 
-@needs_samples
 def test_webm_without_duration_is_estimated_and_sampled():
     result = sampled("no_duration.webm")
     assert result.decode_stats["duration_estimated"] is True
@@ -345,7 +350,6 @@ def test_webm_without_duration_is_estimated_and_sampled():
     assert len(seg.timestamps) == CFG.min_frames and seg.timestamps[-1] <= result.duration_s
 
 
-@needs_samples
 def test_long_clip_decodes_far_fewer_frames_than_a_full_decode():
     total = len(frame_times(LONG))
     assert total == 1394
@@ -355,7 +359,6 @@ def test_long_clip_decodes_far_fewer_frames_than_a_full_decode():
     assert sampled(LONG).decode_stats["keyframe_only"] is True
 
 
-@needs_samples
 def test_motion_densification_changes_the_long_plan_only_within_the_cap():
     dense, uniform = sampled(LONG).segments[0], sampled(LONG, NO_DENSIFY).segments[0]
     assert len(uniform.timestamps) == CFG.max_frames
@@ -366,7 +369,6 @@ def test_motion_densification_changes_the_long_plan_only_within_the_cap():
     assert sum(100 <= t <= 117 for t in dense.timestamps) < sum(100 <= t <= 117 for t in uniform.timestamps)
 
 
-@needs_samples
 def test_fixed_segments_cover_the_duration_with_their_own_ranges():
     cfg = SamplingConfig(segment_s=10.0)
     result = sampled("bottle-detection.mp4", cfg)
@@ -384,7 +386,6 @@ def test_fixed_segments_cover_the_duration_with_their_own_ranges():
     assert everything == sorted(set(everything))
 
 
-@needs_samples
 def test_short_segments_keep_the_floor_of_what_they_contain():
     cfg = SamplingConfig(segment_s=0.5)
     result = sampled("realshort.mp4", cfg)
@@ -396,7 +397,6 @@ def test_short_segments_keep_the_floor_of_what_they_contain():
         assert all(seg.start_s <= t for t in seg.timestamps)
 
 
-@needs_samples
 @pytest.mark.parametrize(
     "name,cuts", [("bikes.mp4", [1.2, 3.04, 5.48, 7.48]), ("cityCC0.mpg", [4.64]), ("realshort.mp4", [])]
 )

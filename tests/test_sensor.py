@@ -7,8 +7,8 @@ from dagster import SensorResult, SkipReason, build_sensor_context
 
 from resources.volume import VideoVolume
 from tests.conftest import copy_samples
-from video_assets.partitions import video_batches
-from video_assets.sensors import upload_sensor
+from video_assets.defs.ingest.sensors import upload_sensor
+from video_assets.defs.partitions import video_batches
 
 CLIPS = ["realshort.mp4", "asl_eat.mkv", "carphone_distorted.mp4"]  # all bundled: tests run without the corpus
 
@@ -32,12 +32,17 @@ def test_new_files_make_one_batch_then_nothing(instance, resources, volume_dir):
     assert instance.get_dynamic_partitions(video_batches.name) == [key]
     manifest = pl.read_delta(resources["tables"].table_uri("batch_manifest"))
     assert sorted(manifest.filter(pl.col("batch_key") == key)["uri"].str.split("/").list.last()) == sorted(CLIPS)
+    # The manifest rows the tick wrote are reported as a batch_manifest materialisation (lineage).
+    [event] = first.asset_events
+    assert event.asset_key.to_user_string() == "batch_manifest"
+    assert event.metadata["rows_written"].value == len(CLIPS) and event.metadata["batches"].value == [key]
 
     again = tick(instance, resources, cursor=first.cursor)
     assert isinstance(again, SkipReason)
     # Even without the cursor (e.g. reset), known files are not batched again.
     reset = tick(instance, resources, cursor=None)
     assert not getattr(reset, "run_requests", None)
+    assert not getattr(reset, "asset_events", None)  # nothing written, nothing reported
     assert instance.get_dynamic_partitions(video_batches.name) == [key]
 
 
@@ -72,7 +77,7 @@ def test_batch_size_bounds_each_partition(instance, resources, volume_dir):
 
 
 def test_a_crash_after_the_manifest_write_is_repaired(instance, resources, volume_dir):
-    from video_assets.registration import register_new_files
+    from video_assets.defs.ingest.registration import register_new_files
 
     copy_samples(volume_dir, CLIPS)
     plan = register_new_files(resources["volume"], resources["tables"])  # manifest written, no partition

@@ -1,34 +1,48 @@
 """Prose -> rows with the real tiny Qwen2.5-VL under xgrammar: valid rows, the retry, unparsed rows."""
 
 import json
+import re
 
 import pytest
+from pydantic import ValidationError
 
-from resources.tiny_qwen import build_tiny_qwen25_vl
-from video_assets import usecase as uc_mod
-from video_assets.structuring import (
-    STATUSES,
-    StructureRequest,
-    TransformersStructurer,
-    from_vllm_row,
-    structure_captions,
-    to_vllm_row,
-    vllm_processor_config,
-)
+from tests.fixtures.tiny_models import build_tiny_vlm
+from video_assets.core.inference.vllm import VllmSettings, processor_config
+from video_assets.core.structuring import usecase as uc_mod
+from video_assets.core.structuring.engines import TransformersStructurer, from_vllm_row, to_vllm_row
+from video_assets.core.structuring.policy import StructureRequest, structure_captions
+from video_assets.core.vocabulary import FLAGGED
+from video_assets.core.vocabulary import STRUCTURE_STATUSES as STATUSES
 
 CAPTIONS = [
-    {"status": "ok", "prose": "At 2 s a man picks up a red cup; at 5 s he puts it down.", "segment_start_s": 0.0, "segment_end_s": 10.0},
+    {
+        "status": "ok",
+        "prose": "At 2 s a man picks up a red cup; at 5 s he puts it down.",
+        "segment_start_s": 0.0,
+        "segment_end_s": 10.0,
+    },
     {"status": "ok", "prose": "A woman walks across an empty office.", "segment_start_s": 0.0, "segment_end_s": 8.0},
-    {"status": "ok", "prose": "Cars pass a railing with parked bicycles.", "segment_start_s": 10.0, "segment_end_s": 20.0},
+    {
+        "status": "ok",
+        "prose": "Cars pass a railing with parked bicycles.",
+        "segment_start_s": 10.0,
+        "segment_end_s": 20.0,
+    },
     {"status": "error", "prose": "", "error": "decode failed: invalid data"},
 ]
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
+def pinned_models(tmp_path_factory):
+    """Tiny VLMs that always answer one verdict (the plain tiny model is the session's ``tiny_model``)."""
     root = tmp_path_factory.mktemp("structurers")
-    return {p: TransformersStructurer(str(build_tiny_qwen25_vl(root / f"tiny-{p}", prefer=p)), device="cpu", batch_size=2)
-            for p in (None, "none", "confirmed")}
+    return {p: build_tiny_vlm(root / f"tiny-{p}", prefer=p) for p in ("none", "confirmed")}
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model, pinned_models):
+    folders = {None: tiny_model, **pinned_models}
+    return {p: TransformersStructurer(str(folder), device="cpu", batch_size=2) for p, folder in folders.items()}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +70,9 @@ def test_every_caption_gets_a_valid_row_or_an_unparsed_row(engines, uc):
 def test_a_pinned_model_answers_its_verdict(engines, uc):
     for prefer, conf in (("none", 0.0), ("confirmed", 1.0)):
         rows = structure_captions(engines[prefer], uc, CAPTIONS[:3], 1024, 8)
-        assert [(r["status"], r["verdict"], r["confidence"], r["events"]) for r in rows] == [("parsed", prefer, conf, [])] * 3
+        assert [(r["status"], r["verdict"], r["confidence"], r["events"]) for r in rows] == [
+            ("parsed", prefer, conf, [])
+        ] * 3
 
 
 def test_a_truncated_first_pass_is_retried_with_the_verdict_only(engines, uc):
@@ -75,27 +91,90 @@ def test_what_the_retry_cannot_answer_is_unparsed_with_both_outputs(engines, uc)
         assert "first pass:" in r["error"] and "retry:" in r["error"]
 
 
+BOUNDED_PATTERN = re.compile(r"^\^(\[[^\]]+\])\{(\d+),(\d+)\}\$$")  # ^[chars]{lo,hi}$
+
+
+def schema_nodes(node, path="$"):
+    """Every sub-schema of a JSON schema, with where it sits."""
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            yield from schema_nodes(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from schema_nodes(value, f"{path}[{i}]")
+
+
+def largest_instance(node):
+    """The biggest value a finite schema admits: longest strings, most items, numbers at their maximum."""
+    kind = node.get("type")
+    if "enum" in node:
+        return node["enum"][0]
+    if kind == "string":
+        chars, _, hi = BOUNDED_PATTERN.match(node["pattern"]).groups()
+        return "".join(c for c in "abcdefghijklmnopqrstuvwxyz" * 40 if re.fullmatch(chars, c))[: int(hi)]
+    if kind == "number":
+        return node["maximum"]
+    if kind == "array":
+        return [largest_instance(node["items"])] * node["maxItems"]
+    if kind == "object":
+        return {k: largest_instance(v) for k, v in node["properties"].items()}
+    raise AssertionError(f"unexpected schema node {node}")
+
+
 def test_decode_schema_is_finite(uc):
     s = uc_mod.decode_schema(uc)
-    props = s["properties"]
-    assert props["events"]["maxItems"] == uc.max_events
-    assert props["confidence"] == {"type": "number", "minimum": 0, "maximum": 1}
-    event = props["events"]["items"]["properties"]
-    for name in ("actor", "action", "object"):
-        assert event[name]["pattern"].endswith(f"{{1,{uc.max_text}}}$")
-    assert event["start_s"]["maximum"] == uc.max_seconds
-    assert s["additionalProperties"] is False
+    assert not any(k == "$ref" for _, node in schema_nodes(s) for k in node), "refs are inlined for the grammar"
+    for where, node in schema_nodes(s):
+        kind = node.get("type")
+        if kind == "string" and "enum" not in node:
+            assert BOUNDED_PATTERN.match(node.get("pattern", "")), f"{where}: string without a bounded pattern"
+        if kind == "number":
+            assert {"minimum", "maximum"} <= node.keys(), f"{where}: unbounded number"
+        if kind == "array":
+            assert "maxItems" in node, f"{where}: unbounded array"
+        if kind == "object":
+            assert node.get("additionalProperties") is False and set(node["required"]) == set(node["properties"]), where
+
+    # The largest grammar-valid answer is one the use case accepts (so no decode is thrown away)...
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(json.dumps(s), any_whitespace=False)  # as the engine compiles it
+    model = uc_mod.output_model(uc)
+    biggest = largest_instance(s)
+    biggest["verdict"] = next(v for v in uc.verdicts if v in FLAGGED)  # a verdict that may carry events
+    assert xgr.testing._is_grammar_accept_string(grammar, json.dumps(biggest))
+    assert model.model_validate(biggest).events and len(json.dumps(biggest)) <= uc_mod.max_output_chars(uc)
+
+    # ...and one step past any bound is outside both the grammar and the use case's model.
+    too_long_text = {**biggest, "events": [{**biggest["events"][0], "actor": biggest["events"][0]["actor"] + "a"}]}
+    too_late = {**biggest, "events": [{**biggest["events"][0], "end_s": biggest["events"][0]["end_s"] + 1}]}
+    too_many = {**biggest, "events": biggest["events"] + biggest["events"][:1]}
+    too_sure = {**biggest, "confidence": 1.5}
+    for bad in (too_long_text, too_late, too_many, too_sure, {**biggest, "extra": 1}):
+        assert not xgr.testing._is_grammar_accept_string(grammar, json.dumps(bad))
+        with pytest.raises(ValidationError):
+            model.model_validate(bad)
 
 
-@pytest.mark.parametrize("text,why", [
-    ('{"verdict": "none", "confidence": 0.4, "events": [], "rationale": "x"}', None),
-    ('{"verdict": "maybe", "confidence": 0.4, "events": [], "rationale": ""}', "verdict"),
-    ('{"verdict": "none", "confidence": 1.5, "events": [], "rationale": ""}', "confidence"),
-    ('{"verdict": "none", "confidence": 0.5, "events": [{"start_s": 1, "end_s": 2, "actor": "a", "action": "b", "object": "c"}], "rationale": ""}', "verdict none with events"),
-    ('{"verdict": "confirmed", "confidence": 0.5, "events": [{"start_s": 3, "end_s": 2, "actor": "a", "action": "b", "object": "c"}], "rationale": ""}', "before it starts"),
-    ('{"verdict": "confirmed", "confidence": 0.5, "events": [], "rationale": "' + "x" * 200 + '"}', "rationale"),
-    ('{"verdict": "confirm', "not JSON"),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ('{"verdict": "none", "confidence": 0.4, "events": [], "rationale": "x"}', None),
+        ('{"verdict": "maybe", "confidence": 0.4, "events": [], "rationale": ""}', "verdict"),
+        ('{"verdict": "none", "confidence": 1.5, "events": [], "rationale": ""}', "confidence"),
+        (
+            '{"verdict": "none", "confidence": 0.5, "events": [{"start_s": 1, "end_s": 2, "actor": "a", "action": "b", "object": "c"}], "rationale": ""}',
+            "verdict none with events",
+        ),
+        (
+            '{"verdict": "confirmed", "confidence": 0.5, "events": [{"start_s": 3, "end_s": 2, "actor": "a", "action": "b", "object": "c"}], "rationale": ""}',
+            "before it starts",
+        ),
+        ('{"verdict": "confirmed", "confidence": 0.5, "events": [], "rationale": "' + "x" * 200 + '"}', "rationale"),
+        ('{"verdict": "confirm', "not JSON"),
+    ],
+)
 def test_parse_validates_with_the_original_schema(uc, text, why):
     record, reason = uc_mod.parse(uc, text)
     if why is None:
@@ -121,12 +200,14 @@ def test_use_cases_are_folders(tmp_path):
     bad.mkdir()
     (bad / "usecase.toml").write_text('question = "q"\n[verdicts]\nyes = "y"\nno = "n"\n')
     (bad / "prompt.txt").write_text("{caption}")
-    with pytest.raises(ValueError, match="must define exactly"):
+    with pytest.raises(ValueError, match="verdicts.confirmed: Field required.*verdicts.yes: Extra inputs"):
         uc_mod.load("bad", root=tmp_path)
     # A new use case is only files: a changed prompt is a new version.
     good = tmp_path / "shelf_audit"
     good.mkdir()
-    (good / "usecase.toml").write_text('question = "Is a shelf emptied?"\n[verdicts]\n' + "".join(f'{v} = "{v}"\n' for v in uc_mod.VERDICTS))
+    (good / "usecase.toml").write_text(
+        'question = "Is a shelf emptied?"\n[verdicts]\n' + "".join(f'{v} = "{v}"\n' for v in uc_mod.VERDICTS)
+    )
     (good / "prompt.txt").write_text("Q: {question} {verdicts}\n{caption} {start_s}-{end_s}")
     first = uc_mod.load("shelf_audit", root=tmp_path).version
     uc_mod.load.cache_clear()
@@ -143,15 +224,18 @@ def test_vllm_rows_carry_the_schema_as_structured_outputs(uc):
     ok = from_vllm_row({"structure_request_id": "7", "generated_text": '"none"', "num_generated_tokens": 3})
     assert (ok.request_id, ok.text, ok.output_tokens, ok.error) == ("7", '"none"', 3, None)
     assert from_vllm_row({"structure_request_id": "7", "__inference_error__": "OOM"}).error == "OOM"
-    cfg = vllm_processor_config("Qwen/Qwen2.5-VL-7B-Instruct", {"tensor_parallel_size": 2})
+    cfg = processor_config(
+        VllmSettings(model_source="Qwen/Qwen2.5-VL-7B-Instruct", tensor_parallel_size=2), multimodal=False
+    )
     assert cfg.engine_kwargs["structured_outputs_config"] == {"backend": "xgrammar"}
     assert cfg.engine_kwargs["tensor_parallel_size"] == 2
+    assert cfg.engine_kwargs["limit_mm_per_prompt"] == {"image": 0, "video": 0}
 
 
-def test_a_separate_text_model_structures_too(tmp_path, uc):
-    from resources.tiny_qwen import build_tiny_text_model
+def test_a_separate_text_model_structures_too(tmp_path, uc, pinned_models):
+    from tests.fixtures.tiny_models import build_tiny_text_model
 
-    text_model = build_tiny_text_model(build_tiny_qwen25_vl(tmp_path / "vlm", prefer="confirmed"), tmp_path / "text")
+    text_model = build_tiny_text_model(pinned_models["confirmed"], tmp_path / "text")
     engine = TransformersStructurer(str(text_model), device="cpu")
     assert type(engine.model).__name__ == "Qwen2ForCausalLM"
     rows = structure_captions(engine, uc, CAPTIONS, 1024, 16)

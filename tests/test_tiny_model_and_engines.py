@@ -10,8 +10,9 @@ import base64
 import io
 import json
 import os
-import sys
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +20,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from resources.tiny_qwen import MARKER, TINY_MODEL_NAME, WARNING, build_tiny_qwen25_vl  # noqa: E402
-from video_assets.engines import choose_engine_name  # noqa: E402
-from video_assets.engines.base import CaptionRequest, CaptionResponse, build_messages  # noqa: E402
+from video_assets.core.captioning.requests import CaptionRequest, CaptionResponse, build_messages
+from video_assets.core.inference import choose_engine_name
+from video_assets.core.models.tiny_vlm import MARKER, TINY_MODEL_NAME, WARNING, build_tiny_qwen25_vl
 
 PROMPT = "Describe what the people and their hands do."
 
@@ -34,17 +35,12 @@ def request(rid: str, n: int, step: float = 1.0, **kw) -> CaptionRequest:
     return CaptionRequest(rid, frames(n, seed=n), [round(i * step, 3) for i in range(n)], PROMPT, **kw)
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    started = time.perf_counter()
-    path = build_tiny_qwen25_vl(tmp_path_factory.mktemp("models") / TINY_MODEL_NAME)
-    print(f"\ntiny model built in {time.perf_counter() - started:.1f}s")
-    return path
+# ``tiny_model`` (tests/conftest.py): the session's one build of the tiny model, shared read-only.
 
 
 @pytest.fixture(scope="session")
 def engine(tiny_model):
-    from video_assets.engines.transformers_engine import TransformersEngine
+    from video_assets.core.captioning.transformers_engine import TransformersEngine
 
     started = time.perf_counter()
     eng = TransformersEngine(str(tiny_model), device="cpu", batch_size=4, max_new_tokens=8)
@@ -55,7 +51,7 @@ def engine(tiny_model):
 # -- the tiny model -------------------------------------------------------------------------------
 
 
-def test_tiny_model_is_labelled_small_and_idempotent(tiny_model):
+def test_tiny_model_is_labelled_small_and_idempotent(tiny_model, tmp_path):
     cfg = json.loads((tiny_model / "config.json").read_text())
     assert cfg["_name_or_path"] == TINY_MODEL_NAME
     assert WARNING in cfg["_tiny_test_model_warning"]
@@ -67,19 +63,20 @@ def test_tiny_model_is_labelled_small_and_idempotent(tiny_model):
     size = sum(p.stat().st_size for p in tiny_model.rglob("*") if p.is_file())
     assert size < 8 * 2**20, f"tiny model is {size / 2**20:.1f} MiB"
 
-    weights = tiny_model / "model.safetensors"
+    # Rebuilding is tried on a copy: the session's model is shared by other tests and stays untouched.
+    copy = Path(shutil.copytree(tiny_model, tmp_path / TINY_MODEL_NAME))
+    weights = copy / "model.safetensors"
     before = weights.stat().st_mtime_ns
-    assert build_tiny_qwen25_vl(tiny_model) == tiny_model
+    assert build_tiny_qwen25_vl(copy) == copy
     assert weights.stat().st_mtime_ns == before, "a complete build was rebuilt"
 
     # An incomplete folder (marker lost, e.g. a crashed build) is rebuilt, not trusted.
-    (tiny_model / MARKER).rename(tiny_model / "marker.bak")
-    try:
-        assert build_tiny_qwen25_vl(tiny_model) == tiny_model
-        assert (tiny_model / MARKER).is_file()
-        assert (tiny_model / "model.safetensors").stat().st_mtime_ns != before
-    finally:
-        (tiny_model / "marker.bak").unlink(missing_ok=True)
+    (copy / MARKER).unlink()
+    assert build_tiny_qwen25_vl(copy) == copy
+    assert (copy / MARKER).is_file()
+    assert (copy / "model.safetensors").stat().st_mtime_ns != before
+    # The rebuild is deterministic: the same weights as the session's build.
+    assert (copy / "model.safetensors").read_bytes() == (tiny_model / "model.safetensors").read_bytes()
 
 
 def test_tiny_model_loads_with_auto_classes_and_wires_special_tokens(tiny_model):
@@ -134,7 +131,9 @@ def test_build_messages_one_video_part_with_timestamps_in_text():
 
 
 def test_chat_template_renders_one_video_placeholder(engine):
-    text = engine.processor.apply_chat_template(build_messages(request("r", 4)), tokenize=False, add_generation_prompt=True)
+    text = engine.processor.apply_chat_template(
+        build_messages(request("r", 4)), tokenize=False, add_generation_prompt=True
+    )
     assert text.count("<|vision_start|><|video_pad|><|vision_end|>") == 1
     assert "<|image_pad|>" not in text and "Frames sampled at 0.0s, 1.0s, 2.0s, 3.0s" in text
 
@@ -199,12 +198,12 @@ def test_batch_failure_is_retried_one_by_one(engine):
 # -- vLLM config and request shaping (no vLLM here) ----------------------------------------------
 
 
-def test_vllm_module_imports_without_vllm_and_builds_config():
+def test_vllm_processor_config_carries_the_settings():
+    from pydantic import ValidationError
     from ray.data.llm import vLLMEngineProcessorConfig
 
-    from video_assets.engines.vllm_engine import VllmSettings, build_processor_config
+    from video_assets.core.captioning.vllm_engine import VllmSettings, build_processor_config
 
-    assert "vllm" not in sys.modules
     settings = VllmSettings(
         model_source="Qwen/Qwen2.5-VL-7B-Instruct",
         tensor_parallel_size=2,
@@ -222,20 +221,27 @@ def test_vllm_module_imports_without_vllm_and_builds_config():
     assert ek["gpu_memory_utilization"] == 0.85
     assert ek["max_num_seqs"] == 32
     assert ek["max_model_len"] == 16384
-    assert ek["limit_mm_per_prompt"] == {"video": 1, "image": 0}
+    assert ek["limit_mm_per_prompt"] == {"video": 1, "image": 0}  # one video part per request, no images
     assert (config.batch_size, config.concurrency) == (8, 3)
     assert config.should_continue_on_error is True
     assert config.prepare_multimodal_stage["enabled"] is True  # vLLM parses the video part
-    assert "vllm" not in sys.modules
+    # Whatever the defaults are, they reach the engine unchanged; extra engine_kwargs override them.
     defaults = VllmSettings(model_source="m")
-    assert (defaults.tensor_parallel_size, defaults.gpu_memory_utilization, defaults.max_num_seqs) == (1, 0.9, 64)
-    assert (defaults.max_model_len, defaults.concurrency, defaults.batch_size, defaults.max_new_tokens) == (32768, 1, 16, 256)
+    ek = build_processor_config(defaults).engine_kwargs
+    for name in ("tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs", "max_model_len"):
+        assert ek[name] == getattr(defaults, name), name
+    overridden = build_processor_config(VllmSettings(model_source="m", engine_kwargs={"max_num_seqs": 2}))
+    assert overridden.engine_kwargs["max_num_seqs"] == 2
+    # Impossible settings are refused before any engine starts.
+    for bad in ({"gpu_memory_utilization": 1.5}, {"tensor_parallel_size": 0}, {"batch_size": 0}):
+        with pytest.raises(ValidationError):
+            VllmSettings(model_source="m", **bad)
 
 
 def test_to_vllm_row_shapes_openai_messages_with_one_video():
     from PIL import Image
 
-    from video_assets.engines.vllm_engine import ERROR_KEY, REQUEST_ID_KEY, to_vllm_row
+    from video_assets.core.captioning.vllm_engine import ERROR_KEY, REQUEST_ID_KEY, to_vllm_row
 
     req = CaptionRequest("vid:3", frames(4, 56, 84), [10.0, 10.5, 11.0, 11.5], PROMPT, system="sys", max_new_tokens=300)
     row = to_vllm_row(req, max_new_tokens=256)
@@ -252,14 +258,14 @@ def test_to_vllm_row_shapes_openai_messages_with_one_video():
     url = videos[0]["video_url"]["url"]
     prefix = "data:video/jpeg;base64,"
     assert url.startswith(prefix)
-    decoded = [Image.open(io.BytesIO(base64.b64decode(b))) for b in url[len(prefix):].split(",")]
+    decoded = [Image.open(io.BytesIO(base64.b64decode(b))) for b in url[len(prefix) :].split(",")]
     assert [(im.format, im.size) for im in decoded] == [("JPEG", (84, 56))] * 4
     json.dumps(row)  # plain data: travels through Ray Data / Arrow
     assert to_vllm_row(req)["sampling_params"]["max_tokens"] == 300
 
 
 def test_vllm_rows_round_trip_to_responses():
-    from video_assets.engines.vllm_engine import ERROR_KEY, REQUEST_ID_KEY, from_vllm_row, to_vllm_row
+    from video_assets.core.captioning.vllm_engine import ERROR_KEY, REQUEST_ID_KEY, from_vllm_row, to_vllm_row
 
     bad = to_vllm_row(CaptionRequest("bad", np.zeros((0, 56, 56, 3), np.uint8), [], PROMPT))
     assert bad[ERROR_KEY] and "shape" in bad[ERROR_KEY]  # marked so every Ray stage skips it
@@ -267,22 +273,30 @@ def test_vllm_rows_round_trip_to_responses():
     assert (resp.request_id, resp.text, resp.output_tokens) == ("bad", "", 0) and resp.error == bad[ERROR_KEY]
 
     # What Ray's vLLM stage leaves on a row (its own integer "request_id" beside ours).
-    ok = {REQUEST_ID_KEY: "vid:0", "request_id": 7, "generated_text": " A person picks up a cup. ",
-          "num_input_tokens": 812, "num_generated_tokens": 9, "time_taken_llm": 0.42, ERROR_KEY: ""}
+    ok = {
+        REQUEST_ID_KEY: "vid:0",
+        "request_id": 7,
+        "generated_text": " A person picks up a cup. ",
+        "num_input_tokens": 812,
+        "num_generated_tokens": 9,
+        "time_taken_llm": 0.42,
+        ERROR_KEY: "",
+    }
     assert from_vllm_row(ok) == CaptionResponse("vid:0", "A person picks up a cup.", 812, 9, 0.42, None)
 
 
 def test_choose_engine_name(monkeypatch):
-    import video_assets.engines as engines
+    import video_assets.core.inference as engines
 
+    # Whatever this machine has: auto picks vLLM only where it is importable and a GPU is visible.
     here = "vllm" if engines.vllm_importable() and engines.cuda_visible() else "transformers"
-    assert here == "transformers"  # this machine: no vLLM, no GPU
-    assert choose_engine_name(None) == choose_engine_name("auto") == "transformers"
+    assert choose_engine_name(None) == choose_engine_name("auto") == choose_engine_name(" AUTO ") == here
     assert choose_engine_name("transformers") == "transformers"
     assert choose_engine_name("vllm") == "vllm"  # explicit: may run on cluster GPUs this process can't see
     with pytest.raises(ValueError):
         choose_engine_name("tensorrt")
     monkeypatch.setattr(engines, "vllm_importable", lambda: True)
+    monkeypatch.setattr(engines, "cuda_visible", lambda: False)
     assert choose_engine_name("auto") == "transformers"  # vLLM alone is not enough: needs a GPU
     monkeypatch.setattr(engines, "cuda_visible", lambda: True)
     assert choose_engine_name("auto") == "vllm"

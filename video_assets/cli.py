@@ -21,8 +21,8 @@ def _resources():
 
 def register_archive(instance: DagsterInstance, batch_size: int | None = None) -> list[str]:
     """Register every unseen file of the volume, as many batches as needed; returns the new batch keys."""
-    from video_assets.partitions import video_batches
-    from video_assets.registration import manifest_batch_keys, read_manifest, register_new_files
+    from video_assets.defs.ingest.registration import manifest_batch_keys, read_manifest, register_new_files
+    from video_assets.defs.partitions import video_batches
 
     res = _resources()
     volume, tables = res["volume"], res["tables"]
@@ -34,6 +34,8 @@ def register_archive(instance: DagsterInstance, batch_size: int | None = None) -
         plan = register_new_files(volume, tables, files)
         for dup in plan.duplicates:
             print(f"  duplicate: {dup.uri} has the same bytes as {dup.duplicate_of}")
+        if (event := plan.manifest_event(tables)) is not None:
+            instance.report_runless_asset_event(event)
         if plan.remaining == 0:
             break
     known = set(instance.get_dynamic_partitions(video_batches.name))
@@ -51,7 +53,7 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 def register_model(instance: DagsterInstance) -> bool:
     """The unpartitioned model assets (vlm_model, caption_prompt): idempotent, so run every time."""
     from video_assets.definitions import defs
-    from video_assets.model import TINY_WARNING
+    from video_assets.defs.models.assets import TINY_WARNING
 
     result = defs.resolve_job_def("register_model").execute_in_process(
         instance=instance, raise_on_error=False, run_config=QUIET
@@ -69,9 +71,7 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     ok = True
     for key in keys:
         started = time.monotonic()
-        result = job.execute_in_process(
-            partition_key=key, instance=instance, raise_on_error=False, run_config=QUIET
-        )
+        result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False, run_config=QUIET)
         status = "succeeded" if result.success else "FAILED"
         print(f"batch {key}: run {result.run_id} {status} in {time.monotonic() - started:.1f}s")
         ok &= result.success
@@ -79,7 +79,7 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
 
 
 def demo(args) -> int:
-    from video_assets.partitions import video_batches
+    from video_assets.defs.partitions import video_batches
 
     instance = DagsterInstance.get()
     if not register_model(instance):
@@ -98,7 +98,9 @@ def evaluate(instance: DagsterInstance) -> bool:
     """golden_set + eval_scores: the production model and prompt scored on every use case's labels."""
     from video_assets.definitions import defs
 
-    result = defs.resolve_job_def("evaluate").execute_in_process(instance=instance, raise_on_error=False, run_config=QUIET)
+    result = defs.resolve_job_def("evaluate").execute_in_process(
+        instance=instance, raise_on_error=False, run_config=QUIET
+    )
     print(f"evaluate: run {result.run_id} {'succeeded' if result.success else 'FAILED'}")
     return result.success
 
@@ -111,7 +113,7 @@ def _materialized(instance: DagsterInstance, key: str) -> bool:
 
 
 def _print_where(tables) -> None:
-    from video_assets.tables import SCHEMAS
+    from video_assets.core.tables import SCHEMAS
 
     print("\nTables (Delta Lake; read with polars.read_delta):")
     for name in SCHEMAS:
@@ -121,9 +123,13 @@ def _print_where(tables) -> None:
         import polars as pl
 
         caps = tables.read("captions")
-        print(f"\ncaptions: {caps.filter(pl.col('status') == 'ok').height} ok, "
-              f"{caps.filter(pl.col('status') == 'error').height} error rows; for example:")
-        for uri, seg, status, prose, error in caps.sort("uri").head(3).select("uri", "segment", "status", "prose", "error").iter_rows():
+        print(
+            f"\ncaptions: {caps.filter(pl.col('status') == 'ok').height} ok, "
+            f"{caps.filter(pl.col('status') == 'error').height} error rows; for example:"
+        )
+        for uri, seg, status, prose, error in (
+            caps.sort("uri").head(3).select("uri", "segment", "status", "prose", "error").iter_rows()
+        ):
             print(f"  {uri.rsplit('/', 1)[-1]} [{seg}] {status}: {(prose or error or '')[:90]!r}")
     if tables.exists("structured_events"):
         import polars as pl
@@ -141,9 +147,11 @@ def _print_where(tables) -> None:
         last = tables.read("eval_scores").sort("evaluated_at").group_by("use_case").last().sort("use_case")
         print("\neval_scores (latest per use case; the tiny model's scores mean nothing):")
         for r in last.to_dicts():
-            print(f"  {r['use_case']:16s} model v{r['model_version']} prompt v{r['prompt_version']}: "
-                  f"{r['scored_videos']}/{r['golden_videos']} scored, flagged F1 {r['flagged_f1']:.2f}, "
-                  f"macro F1 {r['macro_f1']:.2f}, coverage {r['coverage']:.2f}")
+            print(
+                f"  {r['use_case']:16s} model v{r['model_version']} prompt v{r['prompt_version']}: "
+                f"{r['scored_videos']}/{r['golden_videos']} scored, flagged F1 {r['flagged_f1']:.2f}, "
+                f"macro F1 {r['macro_f1']:.2f}, coverage {r['coverage']:.2f}"
+            )
     print(f"\nDagster instance: {dagster_home()}")
     print("Open the UI:      make ui   (then http://127.0.0.1:3000)")
 

@@ -1,9 +1,8 @@
-"""The one entry point: every asset, check, job, sensor and resource of the product."""
+"""The one entry point: every stage's assets, checks, jobs, schedules and sensors, plus the resources."""
 
 from __future__ import annotations
 
 from dagster import Definitions
-
 from dagster_ray import LocalRay
 
 from resources.delta import DeltaTables
@@ -20,17 +19,9 @@ from resources.settings import (
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from resources.volume import VideoVolume
-from video_assets.captions import captions
-from video_assets.checks import caption_checks, event_checks, ingest_checks
-from video_assets.evaluate import eval_checks, eval_scores
-from video_assets.events import routed_events, structured_events
-from video_assets.golden import golden_set
-from video_assets.ingest import raw_videos, video_metadata
-from video_assets.jobs import batch_pipeline_job, evaluate_job, register_model_job
-from video_assets.model import caption_prompt, vlm_model
-from video_assets.promotion import challenger_sensor, promote_challenger_job
-from video_assets.schedules import evaluation_automation, evaluation_schedule, table_maintenance, table_maintenance_schedule
-from video_assets.sensors import upload_sensor
+from video_assets.defs import captioning, evaluation, ingest, maintenance, models, promotion, routing, structuring
+
+STAGES = (ingest, models, captioning, structuring, routing, evaluation, promotion, maintenance)
 
 
 def build_resources() -> dict:
@@ -41,6 +32,7 @@ def build_resources() -> dict:
         "mlflow_registry": MlflowRegistry(
             tracking_uri=env_or("MLFLOW_TRACKING_URI", default_mlflow_uri()),
             artifact_root=env_or("MLFLOW_ARTIFACT_ROOT", default_mlflow_artifacts()),
+            ui_url=env_or("MLFLOW_UI_URL", "http://127.0.0.1:5000"),
         ),
         "vlm": VlmSettings(
             model_source=env_or("VLM_MODEL_SOURCE", TINY_MODEL_SOURCE),
@@ -57,11 +49,4 @@ def build_resources() -> dict:
     }
 
 
-defs = Definitions(
-    assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions, structured_events, routed_events, golden_set, eval_scores],
-    asset_checks=[*ingest_checks, *caption_checks, *event_checks, *eval_checks],
-    jobs=[batch_pipeline_job, register_model_job, evaluate_job, table_maintenance, promote_challenger_job],
-    schedules=[table_maintenance_schedule, evaluation_schedule],
-    sensors=[upload_sensor, evaluation_automation, challenger_sensor],
-    resources=build_resources(),
-)
+defs = Definitions.merge(*(stage.defs for stage in STAGES), Definitions(resources=build_resources()))

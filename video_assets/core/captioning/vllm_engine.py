@@ -1,0 +1,174 @@
+"""Caption engine on vLLM through Ray Data LLM (``ray.data.llm.build_processor``), for GPU clusters.
+
+Importable without vLLM: Ray's processor config and builder import lazily, and nothing here touches
+vLLM until the processor's stages start on GPU workers. Only config building and request shaping can be
+exercised on a CPU-only machine.
+
+Pipeline built by ``build_vllm_processor``::
+
+    preprocess (to_vllm_row) ─► PrepareMultimodal (vLLM chat parser: decodes the video part)
+        ─► ChatTemplate (the model's HF chat template) ─► vLLM engine ─► postprocess (from_vllm_row)
+
+Frames travel as ONE OpenAI ``video_url`` part whose URL is ``data:video/jpeg;base64,<f1>,<f2>,...``
+(vLLM's format for a video given as JPEG frames), next to the same text part the transformers engine
+sends (frame timestamps + instruction). The frames' sampling rate goes in ``mm_processor_kwargs``
+(``fps``, ``do_sample_frames=False``) so Qwen2.5-VL's temporal positions match the real spacing.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import asdict
+from typing import Any
+
+from video_assets.core.captioning.requests import (
+    CaptionRequest,
+    CaptionResponse,
+    build_messages,
+    sampled_fps,
+    validate_request,
+)
+from video_assets.core.inference.vllm import ERROR_KEY, VllmSettings, processor_config, read_output, sampling_params
+
+REQUEST_ID_KEY = "caption_request_id"  # Ray's vLLM stage overwrites "request_id" with its own integer id
+
+
+def build_processor_config(settings: VllmSettings):
+    """The ``ray.data.llm.vLLMEngineProcessorConfig`` for captioning (no vLLM import needed)."""
+    return processor_config(settings, multimodal=True)
+
+
+def _jpeg_b64(frame, quality: int) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, format="JPEG", quality=quality)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def video_data_url(frames, quality: int = 90) -> str:
+    """vLLM's data URL for a video given as frames: comma-separated base64 JPEGs."""
+    return "data:video/jpeg;base64," + ",".join(_jpeg_b64(f, quality) for f in frames)
+
+
+def to_openai_messages(messages: list[dict[str, Any]], quality: int = 90) -> list[dict[str, Any]]:
+    """``build_messages`` output with the video part re-encoded as an OpenAI ``video_url`` part."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, list):
+            parts = []
+            for p in content:
+                if p.get("type") == "video":
+                    parts.append({"type": "video_url", "video_url": {"url": video_data_url(p["video"], quality)}})
+                else:
+                    parts.append({"type": "text", "text": p["text"]})
+            content = parts
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def to_vllm_row(request: CaptionRequest, jpeg_quality: int = 90, max_new_tokens: int | None = None) -> dict[str, Any]:
+    """One request as the row Ray's vLLM processor expects.
+
+    A malformed request (bad frame array) becomes a row already marked with Ray's error column, so
+    every stage skips it and it comes back as a response with ``error`` set.
+    """
+    limit = request.max_new_tokens if max_new_tokens is None else min(request.max_new_tokens, max_new_tokens)
+    row = {
+        REQUEST_ID_KEY: request.request_id,
+        "messages": [],
+        "sampling_params": sampling_params(limit),
+        "mm_processor_kwargs": {"fps": 1.0, "do_sample_frames": False},
+        ERROR_KEY: "",
+    }
+    try:
+        frames = validate_request(request)
+    except Exception as exc:  # same keys as a good row, so Ray's blocks keep one schema
+        return {**row, ERROR_KEY: f"{exc.__class__.__name__}: {exc}"}
+    messages = build_messages(CaptionRequest(**{**request.__dict__, "frames": frames}))
+    row["messages"] = to_openai_messages(messages, jpeg_quality)
+    row["mm_processor_kwargs"]["fps"] = sampled_fps(request.timestamps)
+    return row
+
+
+def from_vllm_row(row: dict[str, Any]) -> CaptionResponse:
+    """A processor output row (success or Ray error row) as a ``CaptionResponse``."""
+    out = read_output(row)
+    request_id = str(row.get(REQUEST_ID_KEY, row.get("request_id", "")))
+    return CaptionResponse(request_id, out.text, out.input_tokens, out.output_tokens, out.latency_s, error=out.error)
+
+
+def _postprocess(row: dict[str, Any]) -> dict[str, Any]:
+    return asdict(from_vllm_row(row))
+
+
+def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=None):
+    """``ray.data.llm.build_processor`` over ``CaptionRequest`` rows (dicts of its fields) by default.
+
+    Calling this initialises Ray and reads the model's config (Ray's telemetry); the returned
+    processor only starts vLLM when the dataset it is applied to executes.
+    """
+    from ray.data.llm import build_processor
+
+    def _pre(row: dict[str, Any]) -> dict[str, Any]:
+        req = CaptionRequest(
+            request_id=str(row["request_id"]),
+            frames=row["frames"],
+            timestamps=list(row["timestamps"]),
+            prompt=row["prompt"],
+            system=row.get("system"),
+            max_new_tokens=int(row.get("max_new_tokens") or settings.max_new_tokens),
+        )
+        return {**to_vllm_row(req, settings.jpeg_quality, settings.max_new_tokens), "frames": None}
+
+    return build_processor(
+        build_processor_config(settings),
+        preprocess=preprocess or _pre,
+        postprocess=postprocess or _postprocess,
+    )
+
+
+# -- the captioning job's vLLM stage (see video_assets.captioning.caption_rows) -----------------------
+
+_CARRIED = ("video_id", "batch_key", "uri", "segment", "segment_start_s", "segment_end_s", "decode_s")
+
+
+def _job_result(row: dict[str, Any]) -> dict[str, Any]:
+    """A segment row as the job's RESULT_COLUMNS, from a success row or a Ray error row."""
+    if "status" in row and "prose" in row:  # already shaped by the postprocess
+        return row
+    resp = from_vllm_row(row)
+    out = {k: row.get(k) for k in _CARRIED}
+    out.update(
+        frame_timestamps=[float(t) for t in (row.get("frame_timestamps") or [])],
+        engine_s=resp.latency_s,
+        prose=resp.text,
+        input_tokens=resp.input_tokens,
+        output_tokens=resp.output_tokens,
+        latency_s=resp.latency_s,
+        status="error" if resp.error else "ok",
+        error=resp.error,
+    )
+    return out
+
+
+def build_vllm_processor_for_job(ds, spec):
+    """Apply the vLLM processor to the job's segment rows (video_id, segment, frames, frame_timestamps, ...)."""
+    settings = VllmSettings(**spec.vllm)
+
+    def _pre(row: dict[str, Any]) -> dict[str, Any]:
+        req = CaptionRequest(
+            request_id=f"{row['video_id']}:{row['segment']}",
+            frames=row["frames"],
+            timestamps=[float(t) for t in row["frame_timestamps"]],
+            prompt=spec.prompt,
+            max_new_tokens=settings.max_new_tokens,
+        )
+        # frames=None: the JPEGs in the messages carry them; don't ship the raw array through every stage.
+        return {**to_vllm_row(req, settings.jpeg_quality, settings.max_new_tokens), "frames": None}
+
+    processor = build_vllm_processor(settings, preprocess=_pre, postprocess=_job_result)
+    # Ray's error rows bypass the postprocess; shape them too.
+    return processor(ds).map(_job_result)

@@ -1,0 +1,53 @@
+"""Model runtimes shared by captioning and structuring: which engine runs (``choose_engine_name``),
+the transformers generation helper (``hf``) and the vLLM settings and row conversions (``vllm``).
+
+- ``transformers``: CPU or one GPU, inside a Ray Data actor (captions) or the step (structuring).
+- ``vllm``: Ray Data LLM's vLLM processor, GPU clusters.
+
+Importing this package imports neither torch, transformers nor vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+ENGINE_NAMES = ("transformers", "vllm")
+
+__all__ = [
+    "ENGINE_NAMES",
+    "choose_engine_name",
+    "cuda_visible",
+    "vllm_importable",
+]
+
+
+def vllm_importable() -> bool:
+    """Whether ``import vllm`` would find the package (checked without importing it: that takes seconds)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def cuda_visible() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
+    except Exception:
+        return False
+
+
+def choose_engine_name(requested: str | None) -> str:
+    """Which engine runs. ``"auto"``/None -> ``"vllm"`` only when vLLM is importable AND a CUDA GPU is visible here, else
+    ``"transformers"``. An explicit ``"transformers"`` or ``"vllm"`` is returned as asked (the vLLM
+    stage may run on cluster GPUs this process cannot see); anything else is a ValueError.
+    """
+    name = (requested or "auto").strip().lower()
+    if name == "auto":
+        return "vllm" if vllm_importable() and cuda_visible() else "transformers"
+    if name not in ENGINE_NAMES:
+        raise ValueError(f"unknown engine {requested!r}; expected auto, {' or '.join(ENGINE_NAMES)}")
+    return name

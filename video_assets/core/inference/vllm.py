@@ -1,0 +1,124 @@
+"""vLLM through Ray Data LLM, for both model stages: one settings model, one processor config
+builder, one way to write sampling parameters and to read an output row.
+
+Importable without vLLM: ``ray.data.llm`` is imported only when a processor config is built, and
+nothing here touches vLLM until the processor's stages start on GPU workers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+ERROR_KEY = "__inference_error__"  # Ray Data LLM's per-row error column; rows carrying it skip all stages
+
+
+class VllmSettings(BaseModel):
+    model_source: str
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_model_len: int = Field(default=32768, ge=256)
+    limit_mm_per_prompt: dict[str, int] = Field(default_factory=lambda: {"video": 1, "image": 0})
+    concurrency: int = Field(default=1, ge=1, description="vLLM engine replicas (each tensor_parallel_size GPUs)")
+    batch_size: int = Field(default=16, ge=1, description="Rows per Ray Data batch sent to an engine")
+    max_new_tokens: int = Field(default=256, ge=1, description="Ceiling on max_tokens per request")
+    accelerator_type: str | None = Field(default=None, description='e.g. "H100"; None lets Ray place anywhere')
+    dtype: str = "auto"
+    jpeg_quality: int = Field(default=90, ge=1, le=100, description="Frames cross Ray as JPEG at this quality")
+    should_continue_on_error: bool = Field(default=True, description="A failed row gets an error, not a failed job")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args (override)")
+
+
+def engine_kwargs(settings: VllmSettings, multimodal: bool = True) -> dict[str, Any]:
+    return {
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_model_len": settings.max_model_len,
+        # A VLM used as a text model (structuring) reserves no image or video slots.
+        "limit_mm_per_prompt": dict(settings.limit_mm_per_prompt) if multimodal else {"image": 0, "video": 0},
+        "dtype": settings.dtype,
+        **({} if multimodal else {"structured_outputs_config": {"backend": "xgrammar"}}),
+        **settings.engine_kwargs,
+    }
+
+
+def processor_config(settings: VllmSettings, multimodal: bool = True):
+    """The ``ray.data.llm.vLLMEngineProcessorConfig`` of a stage: video captioning (``multimodal``)
+    or text-only structured outputs."""
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    kwargs = engine_kwargs(settings, multimodal)
+    stages: dict[str, Any]
+    if multimodal:
+        stages = dict(
+            # vLLM's own chat parser turns the OpenAI video_url part into frames + the model's placeholder.
+            prepare_multimodal_stage={
+                "enabled": True,
+                "model_config_kwargs": {
+                    "limit_mm_per_prompt": kwargs["limit_mm_per_prompt"],
+                    "max_model_len": kwargs["max_model_len"],
+                },
+                "chat_template_content_format": "string",
+            },
+            # Text prompt + multi_modal_data straight to vLLM: it tokenizes and detokenizes itself, the
+            # best-trodden multimodal path (placeholders expand inside vLLM's processor).
+            tokenize_stage=False,
+            detokenize_stage=False,
+        )
+    else:
+        stages = dict(tokenize_stage=True, detokenize_stage=True)
+    return vLLMEngineProcessorConfig(
+        model_source=settings.model_source,
+        engine_kwargs=kwargs,
+        concurrency=settings.concurrency,
+        batch_size=settings.batch_size,
+        accelerator_type=settings.accelerator_type,
+        should_continue_on_error=settings.should_continue_on_error,
+        chat_template_stage=True,
+        **stages,
+    )
+
+
+def sampling_params(max_tokens: int, json_schema: dict | None = None) -> dict[str, Any]:
+    """Greedy sampling params of a row; with a schema, vLLM structured outputs constrain the decode."""
+    params: dict[str, Any] = {"max_tokens": max(1, int(max_tokens)), "temperature": 0.0}
+    if json_schema is not None:
+        params["structured_outputs"] = {"json": json.dumps(json_schema)}
+    return params
+
+
+OUTPUT_COLUMNS = (ERROR_KEY, "generated_text", "num_input_tokens", "num_generated_tokens", "time_taken_llm")
+
+
+def output_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """The columns of a processor output row that ``read_output`` needs (a postprocess keeps these)."""
+    return {k: row.get(k) for k in OUTPUT_COLUMNS}
+
+
+@dataclass
+class VllmOutput:
+    text: str
+    input_tokens: int
+    output_tokens: int
+    latency_s: float
+    error: str | None
+
+
+def read_output(row: dict[str, Any]) -> VllmOutput:
+    """A processor output row, success or Ray error row."""
+    error = row.get(ERROR_KEY) or row.get("error") or None
+    latency = float(row.get("time_taken_llm") or row.get("latency_s") or 0.0)
+    if error:
+        return VllmOutput("", 0, 0, latency, str(error))
+    return VllmOutput(
+        text=str(row.get("generated_text", row.get("text", "")) or "").strip(),
+        input_tokens=int(row.get("num_input_tokens", row.get("input_tokens", 0)) or 0),
+        output_tokens=int(row.get("num_generated_tokens", row.get("output_tokens", 0)) or 0),
+        latency_s=latency,
+        error=None,
+    )

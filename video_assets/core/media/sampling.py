@@ -1,0 +1,479 @@
+"""Choose and decode the frames a VLM sees: a timestamp plan per segment, then a sparse decode.
+
+Planning is pure (``plan_timestamps``, ``plan_seeks``, ``densify_around_motion``,
+``scene_boundaries``, ``fit_to_budget``). ``sample_video`` decodes only what the plan needs: it
+seeks to the keyframe before each group of targets, decodes forward and takes, for each target,
+the first frame whose presentation time is at or after it.
+
+All times are seconds from the first presentation time of the video stream (``stream.start_time``),
+so a clip whose stream starts at 0.54 s (MPEG-PS) still plans from 0.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import av
+import numpy as np
+
+from video_assets.core.media.streams import scan_packets, scanned_duration, start_s, stored_duration
+
+# Container formats whose index (stream.index_entries) is read from the file before decoding and
+# flags real keyframes. MPEG-PS builds its index while reading and flags nearly every packet.
+INDEXED_FORMATS = ("mp4", "matroska", "avi")
+MOTION_SIZE = (64, 36)  # low-res grey frames for motion scores: enough for cuts and big movement
+MOTION_MAX_POINTS = 512  # seek-based motion fallback: at most this many keyframes are decoded
+MOTION_SHARE = 0.5  # densification: share of the samples placed by motion, the rest stay uniform
+DENSIFY_GRID = 2048
+# Scene cuts: keyframe intervals changing more than this are decoded in full to find the cut itself.
+CUT_CANDIDATE_SCORE = 0.075
+CUT_SCORE = 0.15  # frame-to-frame mean absolute grey difference (of 1.0) that reads as a cut
+
+
+class SamplingError(Exception):
+    """A file that yields no frame, with a readable reason."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    fps: float = 1.0
+    min_frames: int = 8
+    max_frames: int = 32
+    motion_densify: bool = True
+    long_video_s: float = 60.0
+    max_pixels: int = 448 * 448
+    min_pixels: int = 56 * 56
+    patch_factor: int = 28
+    segment_s: float | None = None
+    scene_split: bool = False
+
+    def __post_init__(self):
+        if self.fps <= 0 or self.min_frames < 1 or self.max_frames < self.min_frames:
+            raise ValueError("need fps > 0 and 1 <= min_frames <= max_frames")
+        if self.patch_factor < 1 or self.max_pixels < max(self.min_pixels, self.patch_factor**2):
+            raise ValueError("max_pixels must hold one patch and be >= min_pixels")
+        if self.segment_s is not None and self.segment_s <= 0:
+            raise ValueError("segment_s must be positive or None")
+
+
+@dataclass
+class Segment:
+    index: int
+    start_s: float
+    end_s: float
+    timestamps: list[float]
+    frames: np.ndarray
+
+
+@dataclass
+class SampledVideo:
+    duration_s: float
+    rotation: int
+    segments: list[Segment]
+    decode_stats: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- pure planning
+
+
+def plan_timestamps(duration_s: float, cfg: SamplingConfig, start_s: float = 0.0) -> list[float]:
+    """Uniform targets at cfg.fps in [start, start + duration), floor/cap applied, each centred in its slot."""
+    if duration_s <= 0:
+        return []
+    n = min(cfg.max_frames, max(cfg.min_frames, int(duration_s * cfg.fps + 0.5)))
+    step = duration_s / n
+    return [start_s + (i + 0.5) * step for i in range(n)]
+
+
+def plan_seeks(targets: list[float], keyframes: list[float]) -> list[tuple[float, list[float]]]:
+    """Group sorted targets by the last keyframe at or before each one: one seek, one forward decode per group.
+
+    A target before the first keyframe goes with the first keyframe; without keyframes everything is
+    one group decoded from 0.
+    """
+    keys = sorted(set(keyframes)) or [0.0]
+    groups: list[tuple[float, list[float]]] = []
+    for target in sorted(targets):
+        key = keys[max(0, bisect.bisect_right(keys, target) - 1)]
+        if groups and groups[-1][0] == key:
+            groups[-1][1].append(target)
+        else:
+            groups.append((key, [target]))
+    return groups
+
+
+def densify_around_motion(
+    base: list[float],
+    motion: list[tuple[float, float]],
+    cfg: SamplingConfig,
+    duration_s: float,
+    start_s: float = 0.0,
+) -> list[float]:
+    """Re-spread up to min(max_frames, 2 * len(base)) samples over [start, start + duration).
+
+    Half of the probability mass stays uniform (coverage), half follows the motion above the median
+    score (peaks). Each score measures the change since the previous motion sample, so its mass is
+    spread over that interval. Flat or missing motion returns ``base`` unchanged.
+    """
+    end_s = start_s + duration_s
+    pts = sorted((t, s) for t, s in motion if start_s <= t <= end_s)
+    if len(pts) < 3 or duration_s <= 0 or not base:
+        return list(base)
+    times = np.array([t for t, _ in pts])
+    scores = np.array([s for _, s in pts], dtype=float)
+    excess = np.maximum(scores - np.median(scores), 0.0)
+    excess[0] = 0.0  # the first sample has no predecessor to differ from
+    if excess.sum() <= 1e-9:
+        return list(base)
+    edges = np.linspace(start_s, end_s, DENSIFY_GRID + 1)
+    cell = np.diff(edges)
+    mass = np.full(DENSIFY_GRID, (1 - MOTION_SHARE) / DENSIFY_GRID)
+    for i in np.nonzero(excess)[0]:
+        lo, hi = times[i - 1], max(times[i], times[i - 1] + cell[0])
+        overlap = np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0, None)
+        mass += MOTION_SHARE * (excess[i] / excess.sum()) * overlap / overlap.sum()
+    cdf = np.concatenate([[0.0], np.cumsum(mass)])
+    n = min(cfg.max_frames, 2 * len(base))
+    return [float(t) for t in np.interp((np.arange(n) + 0.5) / n, cdf / cdf[-1], edges)]
+
+
+def scene_boundaries(
+    motion: list[tuple[float, float]], threshold: float | None = None, min_gap_s: float = 1.0
+) -> list[float]:
+    """Times where the frame-to-frame difference jumps (a cut), at least min_gap_s apart.
+
+    Default threshold: CUT_SCORE, raised on busy footage to median + 6 * MAD so that steady fast
+    motion does not read as a cut.
+    """
+    pts = sorted(motion)[1:]  # the first sample has no predecessor
+    if not pts:
+        return []
+    if threshold is None:
+        scores = np.array([s for _, s in pts])
+        median = float(np.median(scores))
+        threshold = max(CUT_SCORE, median + 6 * float(np.median(np.abs(scores - median))))
+    cuts: list[tuple[float, float]] = []
+    for t, s in pts:
+        if s <= threshold:
+            continue
+        if cuts and t - cuts[-1][0] < min_gap_s:
+            if s > cuts[-1][1]:  # keep the stronger of two cuts too close together
+                cuts[-1] = (t, s)
+            continue
+        cuts.append((t, s))
+    return [t for t, _ in cuts]
+
+
+def fit_to_budget(width: int, height: int, cfg: SamplingConfig) -> tuple[int, int]:
+    """Qwen2.5-VL smart_resize: sides rounded to patch_factor, scaled into [min_pixels, max_pixels]."""
+    f = cfg.patch_factor
+    w, h = max(f, round(width / f) * f), max(f, round(height / f) * f)
+    if w * h > cfg.max_pixels:
+        beta = math.sqrt(width * height / cfg.max_pixels)
+        w, h = max(f, math.floor(width / beta / f) * f), max(f, math.floor(height / beta / f) * f)
+    elif w * h < cfg.min_pixels:
+        beta = math.sqrt(cfg.min_pixels / (width * height))
+        w, h = math.ceil(width * beta / f) * f, math.ceil(height * beta / f) * f
+    # Extreme aspect ratios: a side clamped to one patch can push the other past the budget.
+    if w * h > cfg.max_pixels:
+        if w >= h:
+            w = max(f, cfg.max_pixels // h // f * f)
+        else:
+            h = max(f, cfg.max_pixels // w // f * f)
+    return w, h
+
+
+def segment_ranges(duration_s: float, segment_s: float | None, cuts: list[float] = ()) -> list[tuple[float, float]]:
+    """Split [0, duration) at multiples of segment_s and at cuts; pieces shorter than min_len are merged."""
+    bounds = set(c for c in cuts if 0 < c < duration_s)
+    if segment_s:
+        bounds.update(k * segment_s for k in range(1, math.ceil(duration_s / segment_s)))
+    min_len = min(1.0, 0.25 * segment_s) if segment_s else 1.0
+    edges = [0.0]
+    for b in sorted(bounds):
+        if b - edges[-1] >= min_len and duration_s - b >= min_len:
+            edges.append(b)
+    edges.append(duration_s)
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def rotation_turns(rotation: int) -> int:
+    """Counter-clockwise quarter turns for np.rot90 (the display matrix rotates counter-clockwise)."""
+    return int(round(rotation / 90)) % 4
+
+
+def apply_rotation(rgb: np.ndarray, rotation: int) -> np.ndarray:
+    turns = rotation_turns(rotation)
+    return np.ascontiguousarray(np.rot90(rgb, turns)) if turns else rgb
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _readable(exc: BaseException) -> str:
+    return f"{exc.__class__.__name__}: {str(exc).strip() or 'no detail'}"
+
+
+@dataclass
+class _StreamInfo:
+    t0: float  # stream start in seconds; every other time here is relative to it
+    duration_s: float
+    duration_estimated: bool
+    keyframes: list[float]
+    packets: int | None  # from a demux scan, when one ran
+
+
+def _index_keyframes(container, stream, t0: float) -> list[float]:
+    """Keyframe presentation times from the container index, or [] when it is absent or unreliable."""
+    if not any(name in container.format.name for name in INDEXED_FORMATS):
+        return []
+    tb = stream.time_base
+    keys = sorted(float(e.timestamp * tb) for e in stream.index_entries or [] if e.is_keyframe)
+    if len(keys) < 2:
+        return []
+    # mp4 indexes decode times; with B-frames they trail presentation times by a constant delay,
+    # visible as a first keyframe before the stream start.
+    delay = max(0.0, t0 - keys[0])
+    return [k + delay - t0 for k in keys]
+
+
+def _stream_info(container, stream, duration_s: float | None) -> _StreamInfo:
+    t0 = start_s(stream)
+    duration, estimated = duration_s or stored_duration(container, stream), False
+    keys, packets = _index_keyframes(container, stream, t0), None
+    if not duration or not keys:
+        scan = scan_packets(container, stream)
+        keys, packets = keys or [k - t0 for k in scan.keyframes], scan.packets
+        if not duration:
+            duration, estimated = scanned_duration(scan, stream), True
+    if not duration:
+        raise SamplingError("video stream has no duration and no timed packets")
+    return _StreamInfo(t0, duration, estimated, sorted(keys), packets)
+
+
+def _decode_run(container, stream, t0: float, key: float, stats: dict):
+    """Seek to the keyframe at or before `key` and yield (time, frame) forward to the end of the stream."""
+    container.seek(max(0, int(round((key + t0) / stream.time_base))), stream=stream, backward=True)
+    stats["seeks"] += 1
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.error.FFmpegError:  # damaged packet: the decoder usually recovers a few packets on
+            stats["decode_errors"] += 1
+            continue
+        for frame in frames:
+            stats["frames_decoded"] += 1
+            if frame.pts is not None:
+                yield frame.time - t0, frame
+
+
+def _start_run(container, stream, info: _StreamInfo, key: float, first_target: float, stats: dict):
+    """A forward run that starts at or before first_target; steps back a keyframe when a seek lands late."""
+    keys = info.keyframes
+    while True:
+        run = _decode_run(container, stream, info.t0, key, stats)
+        first = next(run, None)
+        earlier = [k for k in keys if k < key]
+        if first is None or first[0] <= first_target or not earlier:
+            return itertools.chain([first] if first else [], run)
+        stats["late_seeks"] += 1
+        key = earlier[-1]
+
+
+def _collect(container, stream, info: _StreamInfo, targets: list[float], convert, stats: dict, spare: int, lower=None):
+    """For each sorted target the first not yet used frame at or after it: [(time, converted, target_index)].
+
+    When the stream ends before every target is served, up to `spare` skipped frames of the last run
+    (not before lower[i], the segment start of the first unserved target) fill in, so short clips
+    still reach the frame floor.
+    """
+    picks: list[tuple[float, object, int]] = []
+    skipped: deque = deque(maxlen=spare)
+    run, cursor, order = None, -math.inf, 0
+    for key, group in plan_seeks(targets, info.keyframes):
+        if run is None or cursor < key:  # past this keyframe already: decoding on is cheaper than a seek
+            run, cursor = _start_run(container, stream, info, key, group[0], stats), -math.inf
+            skipped.clear()
+        for target in group:
+            for t, frame in run:
+                cursor = t
+                if t >= target and (not picks or t > picks[-1][0]):
+                    picks.append((t, convert(frame), order))
+                    break
+                skipped.append((t, frame))
+            else:
+                used, floor = {p[0] for p in picks}, lower[order] if lower else -math.inf
+                fill = [(t, f) for t, f in skipped if t not in used and t >= floor][-(len(targets) - order) :]
+                picks += [(t, convert(f), order + i) for i, (t, f) in enumerate(fill)]
+                return sorted(picks, key=lambda p: p[0])
+            order += 1
+    return picks
+
+
+class _Converter:
+    """RGB at the budgeted size with rotation applied; size and rotation fixed by the first frame."""
+
+    def __init__(self, cfg: SamplingConfig, rotation: int | None):
+        self.cfg, self.rotation, self.size = cfg, rotation, None
+
+    def __call__(self, frame) -> np.ndarray:
+        if self.size is None:
+            if self.rotation is None:
+                self.rotation = int(frame.rotation or 0)
+            w, h = frame.width, frame.height
+            if rotation_turns(self.rotation) % 2:  # a quarter turn swaps the displayed sides
+                w, h = h, w
+            self.size = fit_to_budget(w, h, self.cfg)
+        w, h = self.size
+        if rotation_turns(self.rotation) % 2:
+            w, h = h, w
+        rgb = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation="BICUBIC")
+        return apply_rotation(rgb, self.rotation)
+
+
+def _grey(frame) -> np.ndarray:
+    w, h = MOTION_SIZE
+    return frame.to_ndarray(format="gray", width=w, height=h, interpolation="AREA").astype(np.float32)
+
+
+def _scores(times_and_greys) -> list[tuple[float, float]]:
+    out, prev = [], None
+    for t, g in times_and_greys:
+        out.append((t, 0.0 if prev is None else float(np.abs(g - prev).mean() / 255.0)))
+        prev = g
+    return out
+
+
+def keyframe_motion(source: str, info: _StreamInfo, stats: dict) -> list[tuple[float, float]]:
+    """(time, score) per keyframe: mean absolute grey difference to the previous keyframe, in [0, 1].
+
+    Keyframe-only decoding (skip_frame NONKEY) is the cheap path. Codecs that ignore skip_frame
+    (VP9, cinepak) return non-key frames: then each known keyframe is sought and decoded alone.
+    """
+    with av.open(source, metadata_errors="ignore") as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        stream.codec_context.skip_frame = "NONKEY"
+        greys = []
+        for t, frame in _decode_run(container, stream, info.t0, 0.0, stats):
+            stats["motion_frames_decoded"] += 1
+            if not frame.key_frame:
+                break
+            greys.append((t, _grey(frame)))
+        else:
+            stats["motion"] = "keyframe_only"
+            return _scores(greys)
+    keys = info.keyframes
+    if len(keys) < 3:
+        stats["motion"] = "unavailable: fewer than 3 keyframes"
+        return []
+    keys = [keys[int(i)] for i in np.linspace(0, len(keys) - 1, min(len(keys), MOTION_MAX_POINTS))]
+    with av.open(source, metadata_errors="ignore") as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        before = stats["frames_decoded"]
+        picks = _collect(container, stream, info, keys, _grey, stats, spare=0)
+        stats["motion_frames_decoded"] += stats["frames_decoded"] - before
+    stats["motion"] = "seek_per_keyframe"
+    return _scores((t, g) for t, g, _ in picks)
+
+
+def cut_candidates(motion: list[tuple[float, float]], duration_s: float) -> list[tuple[float, float]]:
+    """Keyframe intervals whose ends differ enough to hide a cut; the whole video without two keyframes."""
+    if len(motion) < 2:
+        return [(0.0, duration_s)]
+    return [(a, b) for (a, _), (b, score) in zip(motion, motion[1:]) if score > CUT_CANDIDATE_SCORE]
+
+
+def adjacent_motion(source: str, info: _StreamInfo, spans: list[tuple[float, float]], stats: dict):
+    """[(time, score)] for consecutive frames inside each span: the frame-to-frame difference that marks a cut.
+
+    Keyframe differences alone confuse a cut with seconds of handheld motion; decoding only the
+    candidate intervals keeps this cheap.
+    """
+    out: list[tuple[float, float]] = []
+    with av.open(source, metadata_errors="ignore") as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        run, cursor, prev = None, -math.inf, None
+        for a, b in spans:
+            if run is None or cursor < a:
+                run, prev = _start_run(container, stream, info, a, a, stats), None
+            for t, frame in run:
+                stats["cut_frames_decoded"] += 1
+                cursor, grey = t, _grey(frame)
+                if prev is not None:
+                    out.append((t, float(np.abs(grey - prev).mean() / 255.0)))
+                prev = grey
+                if t >= b:
+                    break
+    return out
+
+
+def _plan(cfg: SamplingConfig, info: _StreamInfo, source: str, stats: dict):
+    """[((start, end), targets)] per segment. Motion and cut passes run only when the config needs them."""
+    long_video = cfg.motion_densify and info.duration_s > cfg.long_video_s
+    motion = keyframe_motion(source, info, stats) if (long_video or cfg.scene_split) else []
+    cuts = []
+    if cfg.scene_split:
+        spans = cut_candidates(motion, info.duration_s)
+        cuts = scene_boundaries(adjacent_motion(source, info, spans, stats))
+        stats["cuts"] = [round(c, 3) for c in cuts]
+    plans = []
+    for start, end in segment_ranges(info.duration_s, cfg.segment_s, cuts):
+        targets = plan_timestamps(end - start, cfg, start)
+        if long_video:
+            targets = densify_around_motion(targets, motion, cfg, end - start, start)
+        plans.append(((start, end), targets))
+    return plans
+
+
+def sample_video(
+    source: str, cfg: SamplingConfig = SamplingConfig(), duration_s: float | None = None, rotation: int | None = None
+) -> SampledVideo:
+    """Decode the planned frames of `source`; duration and rotation come from the file when not given."""
+    began = time.perf_counter()
+    source = str(source)
+    stats = dict(frames_decoded=0, motion_frames_decoded=0, cut_frames_decoded=0, seeks=0, late_seeks=0)
+    stats.update(decode_errors=0, motion=None)
+    try:
+        container = av.open(source, metadata_errors="ignore")
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise SamplingError(f"cannot open as a media container: {_readable(exc)}") from exc
+    with container:
+        if not container.streams.video:
+            raise SamplingError("no video stream")
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        try:
+            info = _stream_info(container, stream, duration_s)
+            plans = _plan(cfg, info, source, stats)
+            targets = [t for _, ts in plans for t in ts]
+            owner = [i for i, (_, ts) in enumerate(plans) for _ in ts]
+            lower = [plans[i][0][0] for i in owner]
+            convert = _Converter(cfg, rotation)
+            picks = _collect(container, stream, info, targets, convert, stats, cfg.min_frames, lower)
+        except av.error.FFmpegError as exc:
+            raise SamplingError(f"decoding failed: {_readable(exc)}") from exc
+    if not picks:
+        failed = f" ({stats['decode_errors']} packets failed to decode)" if stats["decode_errors"] else ""
+        raise SamplingError("no decodable video frame" + failed)
+    w, h = convert.size
+    segments = []
+    for i, ((start, end), _) in enumerate(plans):
+        mine = [(t, rgb) for t, rgb, k in picks if owner[min(k, len(owner) - 1)] == i]
+        frames = np.stack([rgb for _, rgb in mine]) if mine else np.zeros((0, h, w, 3), np.uint8)
+        segments.append(Segment(i, start, end, [t for t, _ in mine], frames))
+    stats.update(
+        duration_estimated=info.duration_estimated,
+        keyframes=len(info.keyframes),
+        packets_scanned=info.packets,
+        keyframe_only=stats["motion"] == "keyframe_only",
+        seconds=round(time.perf_counter() - began, 4),
+    )
+    return SampledVideo(info.duration_s, int(convert.rotation or 0), segments, stats)

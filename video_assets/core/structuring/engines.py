@@ -1,0 +1,133 @@
+"""Structuring engines: the same ``generate(list[StructureRequest])`` on transformers + xgrammar
+(CPU or one GPU) and on vLLM structured outputs through Ray Data LLM (GPU clusters)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from video_assets.core.inference import vllm
+from video_assets.core.structuring.policy import StructureRequest, StructureResponse
+
+log = logging.getLogger(__name__)
+
+
+# -- transformers + xgrammar --------------------------------------------------------------------------
+
+
+class TransformersStructurer:
+    """Greedy, grammar-constrained generation with transformers. Loads a VLM folder (text-only chat)
+    or a causal text model. A fresh xgrammar logits processor per ``generate`` call (it is stateful)."""
+
+    name = "transformers"
+
+    def __init__(self, model_path: str, device: str = "auto", batch_size: int = 4):
+        import xgrammar as xgr
+
+        from video_assets.core.inference import hf
+
+        self.loaded = hf.load(model_path, device)
+        self.device, self.tokenizer, self.model = self.loaded.device, self.loaded.tokenizer, self.loaded.model
+        self.batch_size = max(1, int(batch_size))
+        # The grammar's vocabulary must match the logits' width, which can exceed len(tokenizer).
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        info = xgr.TokenizerInfo.from_huggingface(
+            self.tokenizer, vocab_size=vocab, stop_token_ids=sorted(self.loaded.eos_ids)
+        )
+        self._compiler = xgr.GrammarCompiler(info)
+        self._grammars: dict[str, Any] = {}
+        self._xgr = xgr
+
+    def _grammar(self, schema: dict):
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._grammars:
+            # Compiled in the schema's own property order (verdict first), cached by its sorted form.
+            self._grammars[key] = self._compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+        return self._grammars[key]
+
+    def generate(self, requests: list[StructureRequest]) -> list[StructureResponse]:
+        out: list[StructureResponse] = []
+        for start in range(0, len(requests), self.batch_size):
+            chunk = requests[start : start + self.batch_size]
+            # One schema per batch (the caller sends one kind at a time); split if mixed.
+            groups: dict[str, list[StructureRequest]] = {}
+            for r in chunk:
+                groups.setdefault(json.dumps(r.schema, sort_keys=True), []).append(r)
+            done = {}
+            for reqs in groups.values():
+                try:
+                    for r, resp in zip(reqs, self._run(reqs)):
+                        done[r.request_id] = resp
+                except Exception as exc:  # one bad batch costs only its own rows
+                    log.warning("structuring batch failed: %s: %s", type(exc).__name__, exc)
+                    for r in reqs:
+                        done[r.request_id] = StructureResponse(r.request_id, "", error=f"{type(exc).__name__}: {exc}")
+            out += [done[r.request_id] for r in chunk]
+        return out
+
+    def _run(self, reqs: list[StructureRequest]) -> list[StructureResponse]:
+        from video_assets.core.inference import hf
+
+        started = time.perf_counter()
+        chat = self.loaded.chat
+        texts = [chat.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in reqs]
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        processor = self._xgr.contrib.hf.LogitsProcessor(self._grammar(reqs[0].schema))
+        generated = hf.greedy(self.loaded, enc, max(r.max_new_tokens for r in reqs), logits_processor=[processor])
+        latency = time.perf_counter() - started
+        responses = []
+        for r, ids in zip(reqs, generated):
+            text, n_out = hf.completion(self.loaded, ids, r.max_new_tokens)
+            responses.append(StructureResponse(r.request_id, text, n_out, latency / len(reqs)))
+        return responses
+
+
+# -- vLLM through Ray Data LLM ---------------------------------------------------------------------
+
+REQUEST_KEY = "structure_request_id"
+
+
+def to_vllm_row(req: StructureRequest) -> dict[str, Any]:
+    """A request as a Ray Data LLM row: Ray's vLLM stage turns ``sampling_params.structured_outputs``
+    into ``vllm.sampling_params.StructuredOutputsParams(json=...)``."""
+    return {
+        REQUEST_KEY: req.request_id,
+        "messages": req.messages,
+        "sampling_params": vllm.sampling_params(req.max_new_tokens, json_schema=req.schema),
+    }
+
+
+def from_vllm_row(row: dict[str, Any]) -> StructureResponse:
+    out = vllm.read_output(row)
+    return StructureResponse(str(row.get(REQUEST_KEY, "")), out.text, out.output_tokens, out.latency_s, out.error)
+
+
+class VllmStructurer:
+    """Structured outputs on GPU workers via ``ray.data.llm``. Not exercised on CPU machines."""
+
+    name = "vllm"
+
+    def __init__(self, settings: vllm.VllmSettings):
+        self.settings = settings
+
+    def generate(self, requests: list[StructureRequest]) -> list[StructureResponse]:
+        if not requests:
+            return []
+        import ray
+        from ray.data.llm import build_processor
+
+        processor = build_processor(
+            vllm.processor_config(self.settings, multimodal=False),
+            preprocess=lambda row: {**row, "sampling_params": json.loads(row["sampling_params_json"])},
+            postprocess=lambda row: {REQUEST_KEY: row[REQUEST_KEY], **vllm.output_columns(row)},
+        )
+        # sampling_params travel as JSON: their nested dicts differ between requests (schemas).
+        items = [
+            {**(r := to_vllm_row(q)), "sampling_params_json": json.dumps(r.pop("sampling_params"))} for q in requests
+        ]
+        by_id = {str(row[REQUEST_KEY]): from_vllm_row(row) for row in processor(ray.data.from_items(items)).take_all()}
+        return [
+            by_id.get(q.request_id, StructureResponse(q.request_id, "", error="no output from vLLM")) for q in requests
+        ]

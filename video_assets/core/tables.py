@@ -1,0 +1,261 @@
+"""One schema per table, declared once: used by the writers, the column-schema metadata and the tests."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from video_assets.core.vocabulary import CAPTION_STATUSES, STRUCTURE_STATUSES, VERDICTS, doc
+
+_TS = pa.timestamp("us", tz="UTC")
+
+BATCH_MANIFEST = "batch_manifest"
+RAW_VIDEOS = "raw_videos"
+VIDEO_METADATA = "video_metadata"
+CAPTIONS = "captions"
+GOLDEN_SET = "golden_set"
+STRUCTURED_EVENTS = "structured_events"
+ALERTS = "alerts"
+REVIEW_QUEUE = "review_queue"
+EVAL_SCORES = "eval_scores"
+PROMOTIONS = "promotion_decisions"
+
+# The scores every evaluation reports as columns (all of them are in the metrics JSON too).
+HEADLINE_METRICS = {
+    "flagged_precision": "precision of flagged (confirmed + suspected) vs not",
+    "flagged_recall": "recall of flagged",
+    "flagged_f1": "F1 of flagged",
+    "flagged_f1_ci_low": "bootstrap 95% CI of flagged F1, low",
+    "flagged_f1_ci_high": "bootstrap 95% CI of flagged F1, high",
+    "macro_f1": "mean F1 over the four verdicts",
+    "accuracy": "verdict accuracy",
+    "event_precision": "event precision (temporal IoU matching)",
+    "event_recall": "event recall",
+    "event_f1": "event F1",
+    "mean_iou": "mean IoU of matched events",
+    "coverage": "share of scored videos with a parsed or retried verdict",
+}
+
+_EVENT = pa.struct(
+    [
+        ("start_s", pa.float64()),
+        ("end_s", pa.float64()),
+        ("actor", pa.string()),
+        ("action", pa.string()),
+        ("object", pa.string()),
+    ]
+)
+# The identity of one structuring of one caption: which caption (video, segment, caption model and
+# prompt) and which structuring (use case + its version, structuring model).
+_STRUCT_KEY = [
+    pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes"}),
+    pa.field("segment", pa.int32(), nullable=False, metadata={"doc": "clip index within the video"}),
+    pa.field("use_case", pa.string(), nullable=False, metadata={"doc": "use case (video_assets/usecases/<name>)"}),
+    pa.field("model_version", pa.string(), nullable=False, metadata={"doc": "MLflow version of the captioning model"}),
+    pa.field("prompt_version", pa.int32(), nullable=False, metadata={"doc": "MLflow version of the caption prompt"}),
+    pa.field(
+        "use_case_version", pa.string(), nullable=False, metadata={"doc": "hash of the use case's prompt and config"}
+    ),
+    pa.field("structurer", pa.string(), nullable=False, metadata={"doc": "model that structured the prose"}),
+]
+_ROUTED = _STRUCT_KEY + [
+    pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
+    pa.field("uri", pa.string(), nullable=False, metadata={"doc": "the video"}),
+    pa.field("start_s", pa.float64(), metadata={"doc": "evidence start: first event, else the segment start"}),
+    pa.field("end_s", pa.float64(), metadata={"doc": "evidence end: last event, else the segment end"}),
+    pa.field("verdict", pa.string(), metadata={"doc": f"{doc(VERDICTS)}; null if unparsed"}),
+    pa.field("confidence", pa.float64(), metadata={"doc": "model confidence 0-1; null after a retry"}),
+    pa.field("events", pa.list_(_EVENT), metadata={"doc": "events of the row"}),
+    pa.field("reason", pa.string(), nullable=False, metadata={"doc": "why the row was routed here"}),
+    pa.field("excerpt", pa.string(), metadata={"doc": "first 300 characters of the caption"}),
+    pa.field("threshold", pa.float64(), nullable=False, metadata={"doc": "alert threshold in force"}),
+    pa.field("routed_at", _TS, nullable=False, metadata={"doc": "when routed"}),
+]
+
+SCHEMAS: dict[str, pa.Schema] = {
+    BATCH_MANIFEST: pa.schema(
+        [
+            pa.field("uri", pa.string(), nullable=False, metadata={"doc": "file as listed in the volume"}),
+            pa.field("size_bytes", pa.int64(), nullable=False, metadata={"doc": "size when discovered"}),
+            pa.field("mtime", _TS, nullable=False, metadata={"doc": "modification time when discovered"}),
+            pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes"}),
+            pa.field("status", pa.string(), nullable=False, metadata={"doc": "batched | duplicate"}),
+            pa.field("batch_key", pa.string(), metadata={"doc": "partition of video_batches; null for duplicates"}),
+            pa.field("duplicate_of", pa.string(), metadata={"doc": "uri already holding the same bytes"}),
+            pa.field("discovered_at", _TS, nullable=False, metadata={"doc": "when the sensor or CLI saw it"}),
+        ]
+    ),
+    RAW_VIDEOS: pa.schema(
+        [
+            pa.field(
+                "video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes (stable across renames)"}
+            ),
+            pa.field("uri", pa.string(), nullable=False, metadata={"doc": "where the bytes were registered from"}),
+            pa.field("size_bytes", pa.int64(), nullable=False, metadata={"doc": "file size"}),
+            pa.field("mtime", _TS, nullable=False, metadata={"doc": "file modification time"}),
+            pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
+            pa.field("registered_at", _TS, nullable=False, metadata={"doc": "first registration time"}),
+        ]
+    ),
+    VIDEO_METADATA: pa.schema(
+        [
+            pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes"}),
+            pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
+            pa.field("uri", pa.string(), nullable=False, metadata={"doc": "file probed"}),
+            pa.field("ok", pa.bool_(), nullable=False, metadata={"doc": "true when a video frame decodes"}),
+            pa.field("error", pa.string(), metadata={"doc": "why ok is false"}),
+            pa.field("container", pa.string(), metadata={"doc": "demuxer name"}),
+            pa.field("video_codec", pa.string(), metadata={"doc": "codec of the first video stream"}),
+            pa.field("width", pa.int32(), metadata={"doc": "coded width in pixels (before rotation)"}),
+            pa.field("height", pa.int32(), metadata={"doc": "coded height in pixels (before rotation)"}),
+            pa.field("rotation", pa.int32(), metadata={"doc": "display rotation in degrees from the display matrix"}),
+            pa.field("avg_fps", pa.float64(), metadata={"doc": "average frame rate"}),
+            pa.field("real_fps", pa.float64(), metadata={"doc": "real base frame rate (r_frame_rate)"}),
+            pa.field("duration_s", pa.float64(), metadata={"doc": "duration in seconds"}),
+            pa.field("duration_estimated", pa.bool_(), metadata={"doc": "true when computed from packets, not stored"}),
+            pa.field("frame_count", pa.int64(), metadata={"doc": "frames (stored or counted)"}),
+            pa.field("keyframe_interval_s", pa.float64(), metadata={"doc": "mean seconds between keyframes (sampled)"}),
+            pa.field("audio_codec", pa.string(), metadata={"doc": "codec of the first audio stream, if any"}),
+            pa.field("bit_rate", pa.int64(), metadata={"doc": "container bit rate in bit/s"}),
+            pa.field("probed_at", _TS, nullable=False, metadata={"doc": "when probed"}),
+        ]
+    ),
+    CAPTIONS: pa.schema(
+        [
+            pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes"}),
+            pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
+            pa.field("uri", pa.string(), nullable=False, metadata={"doc": "file captioned"}),
+            pa.field("segment", pa.int32(), nullable=False, metadata={"doc": "clip index within the video"}),
+            pa.field("segment_start_s", pa.float64(), metadata={"doc": "clip start in the video, seconds"}),
+            pa.field("segment_end_s", pa.float64(), metadata={"doc": "clip end in the video, seconds"}),
+            pa.field("frame_timestamps", pa.list_(pa.float64()), metadata={"doc": "times of the frames the model saw"}),
+            pa.field("prose", pa.string(), metadata={"doc": "the model's timestamped description"}),
+            pa.field("model_name", pa.string(), nullable=False, metadata={"doc": "MLflow registered model"}),
+            pa.field("model_version", pa.string(), nullable=False, metadata={"doc": "MLflow model version"}),
+            pa.field("prompt_version", pa.int32(), nullable=False, metadata={"doc": "MLflow prompt version"}),
+            pa.field("engine", pa.string(), nullable=False, metadata={"doc": "transformers | vllm"}),
+            pa.field("input_tokens", pa.int32(), metadata={"doc": "prompt tokens incl. vision tokens"}),
+            pa.field("output_tokens", pa.int32(), metadata={"doc": "generated tokens"}),
+            pa.field("latency_s", pa.float64(), metadata={"doc": "engine latency of the request"}),
+            pa.field("decode_s", pa.float64(), metadata={"doc": "CPU-stage seconds (decode + sample)"}),
+            pa.field("status", pa.string(), nullable=False, metadata={"doc": doc(CAPTION_STATUSES)}),
+            pa.field("error", pa.string(), metadata={"doc": "why status is error"}),
+            pa.field("captioned_at", _TS, nullable=False, metadata={"doc": "when written"}),
+        ]
+    ),
+    GOLDEN_SET: pa.schema(
+        [
+            pa.field("use_case", pa.string(), nullable=False, metadata={"doc": "use case the labels belong to"}),
+            pa.field(
+                "labels_version", pa.string(), nullable=False, metadata={"doc": "sha256 prefix of the labels file"}
+            ),
+            pa.field("file", pa.string(), nullable=False, metadata={"doc": "file name of the labelled clip"}),
+            pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the clip's bytes"}),
+            pa.field("verdict", pa.string(), nullable=False, metadata={"doc": doc(VERDICTS)}),
+            pa.field(
+                "events",
+                pa.list_(
+                    pa.struct(
+                        [
+                            ("start_s", pa.float64()),
+                            ("end_s", pa.float64()),
+                            ("actor", pa.string()),
+                            ("action", pa.string()),
+                            ("object", pa.string()),
+                        ]
+                    )
+                ),
+                metadata={"doc": "expected events"},
+            ),
+            pa.field("reference_caption", pa.string(), metadata={"doc": "a person's timestamped description"}),
+        ]
+    ),
+    STRUCTURED_EVENTS: pa.schema(
+        _STRUCT_KEY
+        + [
+            pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
+            pa.field("uri", pa.string(), nullable=False, metadata={"doc": "the video"}),
+            pa.field("segment_start_s", pa.float64(), metadata={"doc": "clip start, seconds"}),
+            pa.field("segment_end_s", pa.float64(), metadata={"doc": "clip end, seconds"}),
+            pa.field("status", pa.string(), nullable=False, metadata={"doc": doc(STRUCTURE_STATUSES)}),
+            pa.field("verdict", pa.string(), metadata={"doc": doc(VERDICTS)}),
+            pa.field("confidence", pa.float64(), metadata={"doc": "0-1; null when only the retry answered"}),
+            pa.field("events", pa.list_(_EVENT), metadata={"doc": "timed events (start/end seconds in the video)"}),
+            pa.field("n_events", pa.int32(), nullable=False, metadata={"doc": "len(events)"}),
+            pa.field("rationale", pa.string(), metadata={"doc": "the model's short reason"}),
+            pa.field("raw_output", pa.string(), metadata={"doc": "first-pass output, kept for audit"}),
+            pa.field("retry_output", pa.string(), metadata={"doc": "the retry's output, if any"}),
+            pa.field("error", pa.string(), metadata={"doc": "why a pass failed"}),
+            pa.field("attempts", pa.int32(), nullable=False, metadata={"doc": "model calls made (0-2)"}),
+            pa.field("output_tokens", pa.int32(), metadata={"doc": "tokens generated over all attempts"}),
+            pa.field("latency_s", pa.float64(), metadata={"doc": "engine seconds over all attempts"}),
+            pa.field("structured_at", _TS, nullable=False, metadata={"doc": "when written"}),
+        ]
+    ),
+    ALERTS: pa.schema(_ROUTED),
+    REVIEW_QUEUE: pa.schema(_ROUTED),
+    EVAL_SCORES: pa.schema(
+        [
+            pa.field("eval_id", pa.string(), nullable=False, metadata={"doc": "unique id of the evaluation"}),
+            pa.field("evaluated_at", _TS, nullable=False, metadata={"doc": "when scored"}),
+            pa.field("use_case", pa.string(), nullable=False, metadata={"doc": "use case scored"}),
+            pa.field("labels_version", pa.string(), nullable=False, metadata={"doc": "golden labels version"}),
+            pa.field("candidate", pa.string(), nullable=False, metadata={"doc": "production | challenger"}),
+            pa.field("model_version", pa.string(), nullable=False, metadata={"doc": "captioning model version"}),
+            pa.field("prompt_version", pa.int32(), nullable=False, metadata={"doc": "caption prompt version"}),
+            pa.field(
+                "use_case_version", pa.string(), nullable=False, metadata={"doc": "structuring prompt/config version"}
+            ),
+            pa.field("structurer", pa.string(), nullable=False, metadata={"doc": "structuring model"}),
+            pa.field("iou_threshold", pa.float64(), nullable=False, metadata={"doc": "event matching IoU threshold"}),
+            pa.field("golden_videos", pa.int32(), nullable=False, metadata={"doc": "labelled videos"}),
+            pa.field(
+                "scored_videos", pa.int32(), nullable=False, metadata={"doc": "labelled videos with a prediction"}
+            ),
+            *[pa.field(m, pa.float64(), metadata={"doc": d}) for m, d in HEADLINE_METRICS.items()],
+            pa.field("metrics", pa.string(), metadata={"doc": "JSON: every metric, flat name -> value"}),
+            pa.field("per_class", pa.string(), metadata={"doc": "JSON: P/R/F1/support per verdict"}),
+            pa.field("confusion", pa.string(), metadata={"doc": "JSON: rows expected, columns predicted (+unparsed)"}),
+            pa.field("mlflow_run_id", pa.string(), metadata={"doc": "MLflow run holding the same scores"}),
+        ]
+    ),
+    PROMOTIONS: pa.schema(
+        [
+            pa.field("decision_id", pa.string(), nullable=False, metadata={"doc": "unique id"}),
+            pa.field("decided_at", _TS, nullable=False, metadata={"doc": "when decided"}),
+            pa.field("use_case", pa.string(), nullable=False, metadata={"doc": "use case the gate scored"}),
+            pa.field("production_model_version", pa.string(), nullable=False, metadata={"doc": "before the decision"}),
+            pa.field("production_prompt_version", pa.int32(), nullable=False, metadata={"doc": "before the decision"}),
+            pa.field("challenger_model_version", pa.string(), nullable=False, metadata={"doc": "candidate model"}),
+            pa.field("challenger_prompt_version", pa.int32(), nullable=False, metadata={"doc": "candidate prompt"}),
+            pa.field("promoted", pa.bool_(), nullable=False, metadata={"doc": "whether production moved"}),
+            pa.field("reason", pa.string(), nullable=False, metadata={"doc": "metric-by-metric comparison"}),
+            pa.field("tolerance", pa.float64(), nullable=False, metadata={"doc": "allowed drop per metric"}),
+            pa.field("production_eval_id", pa.string(), nullable=False, metadata={"doc": "eval_scores row"}),
+            pa.field("challenger_eval_id", pa.string(), nullable=False, metadata={"doc": "eval_scores row"}),
+        ]
+    ),
+}
+
+_STRUCT_KEY_NAMES = [f.name for f in _STRUCT_KEY]
+
+KEYS: dict[str, list[str]] = {
+    BATCH_MANIFEST: ["uri", "size_bytes", "mtime"],
+    RAW_VIDEOS: ["video_id"],
+    VIDEO_METADATA: ["video_id"],
+    CAPTIONS: ["video_id", "segment", "model_version", "prompt_version"],
+    GOLDEN_SET: ["use_case", "video_id"],
+    STRUCTURED_EVENTS: _STRUCT_KEY_NAMES,
+    ALERTS: _STRUCT_KEY_NAMES,
+    REVIEW_QUEUE: _STRUCT_KEY_NAMES,
+    EVAL_SCORES: ["eval_id"],
+    PROMOTIONS: ["decision_id"],
+}
+
+
+def required_columns(name: str) -> list[str]:
+    return [f.name for f in SCHEMAS[name] if not f.nullable]
+
+
+def to_arrow(name: str, rows: list[dict]) -> pa.Table:
+    """Rows as an arrow table of the declared schema (a wrong type fails here, not in Delta)."""
+    return pa.Table.from_pylist(rows, schema=SCHEMAS[name])

@@ -1,0 +1,8 @@
+"""Captioning: timestamped prose per video segment from the VLM, one Ray Data job per batch."""
+
+from dagster import Definitions
+
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.captioning.checks import captioning_checks
+
+defs = Definitions(assets=[captions], asset_checks=captioning_checks)

@@ -1,0 +1,160 @@
+"""Captioning stage asset: one Ray Data job per batch, model and prompt resolved through MLflow aliases."""
+
+from pathlib import Path
+
+import polars as pl
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster_ray import RayResource
+from pydantic import Field
+
+from resources.delta import DeltaTables
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+from video_assets.core.captioning.versions import caption_versions, captioned_ok
+from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
+from video_assets.core.vocabulary import CAPTION_ERROR
+from video_assets.defs.captioning.runner import engine_name, job_spec, run_captioning
+from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.ingest.assets import video_metadata
+from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, TINY_WARNING, caption_prompt, vlm_model
+from video_assets.defs.partitions import video_batches
+
+THUMBNAIL_VIDEOS = 3  # videos whose sampled frames are shown in the materialisation
+
+
+class CaptionsConfig(Config):
+    fps: float = Field(default=1.0, gt=0, description="Frames per second sampled")
+    min_frames: int = Field(default=8, ge=1, description="Floor for short clips")
+    max_frames: int = Field(default=16, ge=1, description="Cap per segment")
+    segment_s: float | None = Field(default=None, description="Split videos into clips of this many seconds")
+    scene_split: bool = Field(default=False, description="Split videos at scene cuts")
+    recaption: bool = Field(default=False, description="Caption again videos already captioned by this model+prompt")
+
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(
+            fps=self.fps,
+            min_frames=self.min_frames,
+            max_frames=self.max_frames,
+            segment_s=self.segment_s,
+            scene_split=self.scene_split,
+        )
+
+
+def _skipped_rows(meta: pl.DataFrame) -> list[dict]:
+    """Videos the probe rejected: an error row each, so none is silently missing."""
+    return [
+        {
+            "video_id": vid,
+            "batch_key": batch,
+            "uri": uri,
+            "segment": 0,
+            "frame_timestamps": [],
+            "prose": "",
+            "status": CAPTION_ERROR,
+            "error": f"not captioned: probe failed: {err}",
+        }
+        for vid, batch, uri, err in meta.select("video_id", "batch_key", "uri", "error").iter_rows()
+    ]
+
+
+@asset(
+    partitions_def=video_batches,
+    deps=[video_metadata, vlm_model, caption_prompt],
+    **stage_asset("captioning", CAPTIONS, kinds=("ray", "mlflow")),
+)
+def captions(
+    context: AssetExecutionContext,
+    config: CaptionsConfig,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    ray_cluster: RayResource,
+) -> MaterializeResult:
+    """Timestamped prose per video (or per clip) from the VLM behind the MLflow alias, computed by one
+    Ray Data streaming job: a wide CPU stage decodes and samples frames, a narrow VLM stage captions.
+    Rows are merged on (video_id, segment, model_version, prompt_version), so reruns are idempotent."""
+    batch = context.partition_key
+    meta = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA]).filter(pl.col("batch_key") == batch)
+    if meta.is_empty():
+        raise Failure(f"video_metadata has no rows for batch {batch!r}: materialise it first")
+    try:
+        model_path, model_version = mlflow_registry.download_model(
+            vlm.registered_model, vlm.alias, Path(vlm.cache_dir) / "registry"
+        )
+        prompt = mlflow_registry.load_prompt(CAPTION_PROMPT_NAME, vlm.alias)
+    except Exception as exc:
+        raise Failure(
+            f"cannot resolve models:/{vlm.registered_model}@{vlm.alias} or prompts:/{CAPTION_PROMPT_NAME}@{vlm.alias} "
+            f"in {mlflow_registry.tracking_uri}: {exc}. Materialise vlm_model and caption_prompt first."
+        ) from exc
+    engine = engine_name(vlm)
+    context.log.info(
+        f"models:/{vlm.registered_model}@{vlm.alias} -> v{model_version}, prompt v{prompt.version}, engine {engine}"
+    )
+    if vlm.is_tiny:
+        context.log.warning(TINY_WARNING)
+
+    done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), model_version, prompt.version)
+    good = meta.filter(pl.col("ok"))
+    todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
+    spec = job_spec(config.sampling(), vlm, engine, model_path, prompt.template)
+    context.log.info(
+        f"batch {batch}: {todo.height} videos to caption, {good.height - todo.height} cached, "
+        f"{meta.height - good.height} rejected by the probe"
+    )
+    stamp = {
+        "model_name": vlm.registered_model,
+        "model_version": model_version,
+        "prompt_version": prompt.version,
+        "engine": engine,
+    }
+    stats = run_captioning(context.log, tables, todo, spec, stamp, _skipped_rows(meta.filter(~pl.col("ok"))))
+    written, wall_s, cpu_s, engine_s = stats["written"], stats["wall_s"], stats["cpu_s"], stats["engine_s"]
+
+    after = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])  # one read after writing serves every figure below
+    out = after.filter((pl.col("batch_key") == batch) & caption_versions(model_version, prompt.version))
+    errors = out.filter(pl.col("status") == CAPTION_ERROR)
+    strips = _thumbnails(context.log, meta.filter(pl.col("ok")), config, THUMBNAIL_VIDEOS)
+    return MaterializeResult(
+        data_version=DataVersion(f"model-v{model_version}-prompt-v{prompt.version}"),
+        metadata={
+            **({"sampled_frames": MetadataValue.md(strips)} if strips else {}),
+            **table_metadata(
+                tables.table_uri(CAPTIONS), out, after.height, ["uri", "segment", "status", "prose", "error"]
+            ),
+            "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{vlm.alias}"),
+            "model_version": MetadataValue.text(model_version),
+            "prompt_version": MetadataValue.int(prompt.version),
+            "engine": MetadataValue.text(engine),
+            "videos_captioned": MetadataValue.int(todo.height),
+            "videos_cached": MetadataValue.int(good.height - todo.height),
+            "error_rows": MetadataValue.int(errors.height),
+            "rows_written": MetadataValue.int(int(written)),
+            "job_wall_s": MetadataValue.float(round(wall_s, 3)),
+            "cpu_stage_s": MetadataValue.float(round(cpu_s, 3)),
+            "engine_busy_s": MetadataValue.float(round(engine_s, 3)),
+            "output_tokens": MetadataValue.int(int(out.get_column("output_tokens").sum() or 0)),
+        },
+    )
+
+
+def _thumbnails(log, videos: pl.DataFrame, config: CaptionsConfig, limit: int) -> str:
+    """Markdown with a strip of the frames the model saw, for the first ``limit`` videos (re-sampled
+    with the same plan: the frames are not kept after the Ray job)."""
+    from video_assets.core.charts import markdown_image, thumbnail_strip
+    from video_assets.core.media.sampling import sample_video
+    from video_assets.core.media.source import open_media
+
+    parts = []
+    for uri, duration, rotation in videos.select("uri", "duration_s", "rotation").head(limit).iter_rows():
+        try:
+            seg = sample_video(open_media(uri), config.sampling(), duration, rotation).segments[0]
+            png = thumbnail_strip(seg.frames, seg.timestamps)
+        except Exception as exc:  # a preview must never fail the asset
+            log.warning(f"no thumbnail strip for {uri}: {type(exc).__name__}: {exc}")
+            continue
+        parts.append(
+            f"**{uri.rsplit('/', 1)[-1]}** (segment 0, {len(seg.timestamps)} frames)\n\n{markdown_image(png, 'sampled frames')}"
+        )
+    return "\n\n".join(parts)

@@ -1,0 +1,70 @@
+"""Captioning runs, shared by the captions asset and the promotion job: the Ray job spec from the
+resources and run config, and the streaming write of its rows into the captions table."""
+
+import time
+from datetime import UTC, datetime
+
+import polars as pl
+
+from resources.delta import DeltaTables
+from resources.vlm import VlmSettings
+from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
+from video_assets.core.inference import choose_engine_name
+from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
+from video_assets.core.vocabulary import CAPTION_OK
+
+WRITE_EVERY = 32  # rows per Delta merge: a crash loses at most this much work
+
+
+def engine_name(vlm: VlmSettings) -> str:
+    return choose_engine_name(vlm.engine)
+
+
+def job_spec(sampling: SamplingConfig, vlm: VlmSettings, engine: str, model_path, prompt_template: str) -> JobSpec:
+    return JobSpec(
+        sampling=sampling,
+        engine=EngineSpec(engine, str(model_path), vlm.device, vlm.vlm_batch_size, vlm.max_new_tokens),
+        prompt=prompt_template,
+        cpu_concurrency=vlm.cpu_concurrency,
+        vlm_concurrency=vlm.vlm_concurrency,
+        vlm_num_gpus=vlm.vlm_num_gpus,
+        vllm=vlm.vllm_settings(str(model_path)).model_dump(),
+    )
+
+
+def run_captioning(
+    log, tables: DeltaTables, todo: pl.DataFrame, spec: JobSpec, stamp: dict, pending: list[dict] | None = None
+) -> dict:
+    """Caption ``todo`` (video_metadata rows) with one Ray Data job; merge rows every WRITE_EVERY.
+    ``pending`` rows (e.g. probe rejects) are written with the first merge."""
+    started = time.perf_counter()
+    pending = list(pending or [])
+    written = cpu_s = engine_s = 0.0
+    videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
+    for n_rows, row in enumerate(caption_rows(videos, spec) if videos else [], start=1):
+        name = row["uri"].rsplit("/", 1)[-1]
+        if row["status"] == CAPTION_OK:
+            log.info(
+                f"[{n_rows}] {name} segment {row['segment']}: {row['output_tokens']} tokens in {row['latency_s']:.2f}s"
+            )
+        else:
+            log.warning(f"[{n_rows}] {name}: {row['error']}")
+        cpu_s += row.get("decode_s") or 0.0
+        engine_s += row.get("engine_s") or 0.0
+        pending.append(row)
+        if len(pending) >= WRITE_EVERY:
+            written += _write(tables, pending, stamp)
+            pending = []
+    written += _write(tables, pending, stamp)
+    return {"written": written, "wall_s": time.perf_counter() - started, "cpu_s": cpu_s, "engine_s": engine_s}
+
+
+def _write(tables: DeltaTables, rows: list[dict], stamp: dict) -> int:
+    if not rows:
+        return 0
+    now = datetime.now(UTC)
+    cols = [f.name for f in SCHEMAS[CAPTIONS]]
+    full = [{**{c: r.get(c) for c in cols}, **stamp, "captioned_at": now} for r in rows]
+    tables.merge(CAPTIONS, to_arrow(CAPTIONS, full), KEYS[CAPTIONS])
+    return len(full)

@@ -1,0 +1,140 @@
+"""What every stage's Dagster objects share, stated once: owners, groups and tags; code versions
+computed from the source each stage runs; table metadata; and the key checks every table asset gets
+from its declared key (``core.tables.KEYS``) and non-null columns."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    MetadataValue,
+    TableColumn,
+    TableSchema,
+    multi_asset_check,
+)
+
+from resources.delta import DeltaTables
+from video_assets.core.previews import markdown_table
+from video_assets.core.tables import KEYS, SCHEMAS, required_columns
+
+OWNERS = ["team:video-platform"]
+PACKAGE = Path(__file__).resolve().parents[1]
+
+# The source each stage's assets run, relative to video_assets/: a change to any of these files is a
+# new code version, so Dagster's staleness view flags the stage's materialisations as out of date.
+STAGE_SOURCES: dict[str, tuple[str, ...]] = {
+    "ingest": ("defs/ingest", "core/uploads", "core/media/probe.py", "core/media/streams.py"),
+    "models": ("defs/models", "core/models", "prompts"),
+    "captioning": ("defs/captioning", "core/captioning", "core/inference", "core/media"),
+    "structuring": ("defs/structuring", "core/structuring", "core/inference"),
+    "routing": ("defs/routing", "core/routing.py"),
+    "evaluation": ("defs/evaluation", "core/evaluation", "core/charts.py"),
+    "promotion": ("defs/promotion", "core/evaluation/gate.py"),
+}
+
+
+def source_digest(paths: tuple[str, ...], root: Path = PACKAGE) -> str:
+    """Hash of the ``.py``/``.txt`` files under ``paths`` (files or folders below ``root``), plus the
+    table schemas and vocabulary every stage depends on."""
+    h = hashlib.sha256()
+    for rel in (*paths, "core/tables.py", "core/vocabulary.py"):
+        target = root / rel
+        files = (
+            sorted(p for p in target.rglob("*") if p.is_file() and p.suffix in {".py", ".txt"})
+            if target.is_dir()
+            else [target]
+        )
+        for f in files:
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+CODE_VERSIONS = {stage: source_digest(paths) for stage, paths in STAGE_SOURCES.items()}
+
+
+def column_schema(name: str) -> TableSchema:
+    """``dagster/column_schema`` for a table, from its pyarrow schema."""
+    return TableSchema(
+        columns=[
+            TableColumn(name=f.name, type=str(f.type), description=(f.metadata or {}).get(b"doc", b"").decode())
+            for f in SCHEMAS[name]
+        ]
+    )
+
+
+def stage_asset(stage: str, table: str | None = None, kinds: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
+    """Keyword arguments of ``@asset``/``AssetSpec`` for an asset of ``stage``: group, owners, stage tag,
+    the stage's code version and, for a table asset, its column schema and the ``delta`` kind."""
+    metadata = dict(extra.pop("metadata", {}))
+    if table is not None:
+        metadata["dagster/column_schema"] = column_schema(table)
+    return dict(
+        group_name=stage,
+        owners=OWNERS,
+        tags={"stage": stage},
+        code_version=CODE_VERSIONS[stage],
+        kinds={*kinds, *(("delta",) if table is not None else ())},
+        metadata=metadata,
+        **extra,
+    )
+
+
+def table_metadata(uri: str, partition_rows: pl.DataFrame, table_rows: int, columns: list[str] | None = None) -> dict:
+    """Where the table is, how many rows this materialisation and the whole table hold, a preview."""
+    return {
+        "dagster/uri": MetadataValue.path(uri),
+        "dagster/row_count": MetadataValue.int(partition_rows.height),
+        "table_row_count": MetadataValue.int(table_rows),
+        "preview": MetadataValue.md(markdown_table(partition_rows, columns)),
+    }
+
+
+def duplicate_keys(df: pl.DataFrame, keys: list[str]) -> list:
+    """Key values present more than once (lists for composite keys)."""
+    dups = df.group_by(keys).len().filter(pl.col("len") > 1)
+    return [row[0] if len(keys) == 1 else list(row) for row in dups.select(keys).iter_rows()]
+
+
+def null_counts(df: pl.DataFrame, columns: list[str]) -> dict[str, int]:
+    return {c: n for c in columns if (n := int(df.get_column(c).null_count())) > 0}
+
+
+def table_checks(table: str, asset: str | None = None):
+    """``unique_key`` and ``required_columns`` checks of a table asset, evaluated in one step over the
+    whole table: generated from the table's declared key and its non-nullable columns."""
+    key = AssetKey(asset or table)
+
+    @multi_asset_check(
+        name=f"{key.path[-1]}_table_checks",
+        specs=[
+            AssetCheckSpec("unique_key", asset=key, description=f"No two rows share ({', '.join(KEYS[table])})."),
+            AssetCheckSpec("required_columns", asset=key, description="Non-nullable columns hold no nulls."),
+        ],
+    )
+    def _checks(tables: DeltaTables):
+        df = tables.read(table, SCHEMAS[table])
+        dups = duplicate_keys(df, KEYS[table])
+        nulls = null_counts(df, required_columns(table))
+        yield AssetCheckResult(
+            check_name="unique_key",
+            asset_key=key,
+            passed=not dups,
+            severity=AssetCheckSeverity.ERROR,
+            metadata={"rows": df.height, "duplicate_keys": dups[:20]},
+        )
+        yield AssetCheckResult(
+            check_name="required_columns",
+            asset_key=key,
+            passed=not nulls,
+            severity=AssetCheckSeverity.ERROR,
+            metadata={"rows": df.height, "null_counts": nulls},
+        )
+
+    return _checks

@@ -1,0 +1,152 @@
+"""Evaluation stage assets: golden_set (the person-written labels of every use case) and eval_scores
+(structured_events of the production model and prompt vs the golden set, per use case), each
+evaluation logged as an MLflow run."""
+
+import polars as pl
+from dagster import (
+    AssetExecutionContext,
+    AutomationCondition,
+    Config,
+    DataVersion,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+from pydantic import Field
+
+from resources.delta import DeltaTables
+from resources.mlflow_registry import MlflowRegistry
+from resources.structurer import StructurerSettings
+from resources.vlm import VlmSettings
+from video_assets.core.charts import markdown_image
+from video_assets.core.evaluation.golden import golden_rows as label_rows
+from video_assets.core.evaluation.golden import label_files, load_labels
+from video_assets.core.previews import markdown_table
+from video_assets.core.structuring import usecase as uc_mod
+from video_assets.core.tables import EVAL_SCORES, GOLDEN_SET, KEYS, SCHEMAS, to_arrow
+from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.evaluation.runner import evaluate_candidate
+from video_assets.defs.models.assets import production_versions
+from video_assets.defs.structuring.assets import structured_events
+from video_assets.defs.structuring.runner import structurer_id
+
+
+@asset(
+    **stage_asset("evaluation", GOLDEN_SET),
+    description="Person-written labels of every use case (video_assets/usecases/<name>/golden.jsonl), "
+    "matched to videos by content hash; the labels_version is the file's hash.",
+)
+def golden_set(context: AssetExecutionContext, tables: DeltaTables) -> MaterializeResult:
+    rows, versions = [], {}
+    for use_case, path in label_files().items():
+        try:
+            records, version = load_labels(path)
+        except ValueError as exc:
+            raise Failure(str(exc)) from exc
+        versions[use_case] = version
+        rows += label_rows(use_case, records, version)
+        context.log.info(f"{use_case}: {len(records)} labelled videos, labels version {version}")
+    # The table holds exactly the current labels: a removed record must not linger.
+    for use_case in versions:
+        tables.delete(GOLDEN_SET, f"use_case = '{use_case}'")
+    tables.merge(GOLDEN_SET, to_arrow(GOLDEN_SET, rows), KEYS[GOLDEN_SET])
+    out = tables.read(GOLDEN_SET, SCHEMAS[GOLDEN_SET])
+    return MaterializeResult(
+        data_version=DataVersion(",".join(f"{k}:{v}" for k, v in sorted(versions.items()))),
+        metadata={
+            **table_metadata(tables.table_uri(GOLDEN_SET), out, out.height, ["use_case", "file", "verdict"]),
+            "labels_versions": MetadataValue.json(versions),
+            "verdict_counts": MetadataValue.json(dict(out.group_by("verdict").len().sort("verdict").iter_rows())),
+        },
+    )
+
+
+class EvalConfig(Config):
+    iou_threshold: float = Field(default=0.3, gt=0, le=1, description="Temporal IoU for an event to match")
+    bootstrap: int = Field(default=1000, ge=10, description="Bootstrap resamples for the confidence interval")
+
+
+@asset(
+    deps=[structured_events, golden_set],
+    # Re-score once every batch's events are in and one of them (or the labels) changed.
+    automation_condition=AutomationCondition.eager(),
+    **stage_asset("evaluation", EVAL_SCORES, kinds=("mlflow",)),
+)
+def eval_scores(
+    context: AssetExecutionContext,
+    config: EvalConfig,
+    vlm: VlmSettings,
+    structurer: StructurerSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+) -> MaterializeResult:
+    """Scores of the production model + prompt on every configured use case's golden set: P/R/F1 per
+    verdict and for flagged (confirmed + suspected), confusion matrix, temporal-IoU event matching,
+    coverage, bootstrap CI. One eval_scores row and one MLflow run per use case (the `evaluate` job;
+    its schedule `evaluation_schedule` runs it daily)."""
+    model_version, prompt_version = production_versions(vlm, mlflow_registry)
+    sid = structurer_id(structurer, vlm.registered_model, model_version)
+    metadata, rows = {}, []
+    for uc in uc_mod.parse_names(structurer.use_cases):
+        row, scores = evaluate_candidate(
+            tables,
+            mlflow_registry,
+            uc,
+            "production",
+            vlm.registered_model,
+            model_version,
+            prompt_version,
+            sid,
+            config.iou_threshold,
+            config.bootstrap,
+        )
+        rows.append(row)
+        m = scores["metrics"]
+        context.log.info(
+            f"{uc.name}: {scores['scored_videos']}/{scores['golden_videos']} golden videos scored; flagged F1 "
+            f"{m['flagged_f1']:.3f} [{m['flagged_f1_ci_low']:.3f}, {m['flagged_f1_ci_high']:.3f}], coverage {m['coverage']:.3f}"
+        )
+        if scores["missing"]:
+            context.log.warning(
+                f"{uc.name}: {len(scores['missing'])} golden videos have no prediction "
+                f"(not registered or not structured): {', '.join(scores['missing'][:10])}"
+            )
+        metadata[f"{uc.name}/confusion"] = MetadataValue.md(
+            markdown_image(scores["png"], "confusion matrix")
+            + "\n\n"
+            + markdown_table(
+                pl.DataFrame(
+                    {
+                        "expected": scores["confusion"]["rows"],
+                        **{
+                            c: [r[j] for r in scores["confusion"]["matrix"]]
+                            for j, c in enumerate(scores["confusion"]["columns"])
+                        },
+                    }
+                )
+            )
+        )
+        metadata[f"{uc.name}/mlflow_run"] = MetadataValue.url(
+            mlflow_registry.run_url(scores["experiment_id"], scores["run_id"])
+        )
+        for k in ("flagged_f1", "macro_f1", "event_f1", "coverage"):
+            metadata[f"{uc.name}/{k}"] = MetadataValue.float(round(m[k], 4))
+        metadata[f"{uc.name}/scored_videos"] = MetadataValue.int(scores["scored_videos"])
+    out = pl.from_arrow(to_arrow(EVAL_SCORES, rows))
+    labels = sorted({r["labels_version"] for r in rows})
+    return MaterializeResult(
+        data_version=DataVersion(f"model-v{model_version}-prompt-v{prompt_version}-{sid}-labels-{','.join(labels)}"),
+        metadata={
+            **table_metadata(
+                tables.table_uri(EVAL_SCORES),
+                out,
+                tables.read(EVAL_SCORES).height,
+                ["use_case", "model_version", "prompt_version", "flagged_f1", "macro_f1", "event_f1", "coverage"],
+            ),
+            "model_version": MetadataValue.text(model_version),
+            "prompt_version": MetadataValue.int(prompt_version),
+            "mlflow_tracking_uri": MetadataValue.text(mlflow_registry.tracking_uri),
+            **metadata,
+        },
+    )

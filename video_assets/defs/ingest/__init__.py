@@ -1,0 +1,15 @@
+"""Ingest: uploads become batches (sensor, manifest), registered videos and their probed metadata."""
+
+from dagster import Definitions
+
+from video_assets.defs.ingest.assets import batch_manifest, raw_videos, video_metadata
+from video_assets.defs.ingest.checks import ingest_checks
+from video_assets.defs.ingest.jobs import batch_pipeline_job
+from video_assets.defs.ingest.sensors import upload_sensor
+
+defs = Definitions(
+    assets=[batch_manifest, raw_videos, video_metadata],
+    asset_checks=ingest_checks,
+    jobs=[batch_pipeline_job],
+    sensors=[upload_sensor],
+)

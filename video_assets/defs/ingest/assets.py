@@ -1,0 +1,153 @@
+"""Ingest stage assets: the registry of uploaded files and their probed metadata, one partition per batch."""
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+import polars as pl
+from dagster import AssetExecutionContext, AssetSpec, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+
+from resources.delta import DeltaTables
+from resources.volume import VideoVolume
+from video_assets.core.media.probe import ProbeResult, probe
+from video_assets.core.media.source import open_media
+from video_assets.core.tables import BATCH_MANIFEST, KEYS, RAW_VIDEOS, SCHEMAS, VIDEO_METADATA, to_arrow
+from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.ingest.registration import read_manifest
+from video_assets.defs.partitions import video_batches
+
+# Written by the upload sensor and `video-assets register` (never by a run), which report each write
+# as a materialisation: an external asset, so the manifest -> raw_videos lineage shows in the UI.
+batch_manifest = AssetSpec(
+    BATCH_MANIFEST,
+    description="Every file ever listed in the volume: its sha256, the batch it went to, or the file it duplicates.",
+    **stage_asset("ingest", BATCH_MANIFEST),
+)
+
+
+def batch_version(rows: pl.DataFrame) -> DataVersion:
+    """The batch's content: the sorted ids of the videos in it (bytes, not names)."""
+    ids = "\n".join(sorted(rows.get_column("video_id").to_list()))
+    return DataVersion(hashlib.sha256(ids.encode()).hexdigest()[:16])
+
+
+def _batch_rows(tables: DeltaTables, name: str, batch: str) -> pl.DataFrame:
+    return tables.read(name, SCHEMAS[name]).filter(pl.col("batch_key") == batch)
+
+
+@asset(partitions_def=video_batches, deps=[batch_manifest], **stage_asset("ingest", RAW_VIDEOS))
+def raw_videos(context: AssetExecutionContext, volume: VideoVolume, tables: DeltaTables) -> MaterializeResult:
+    """One row per uploaded file, keyed by the sha256 of its bytes; the batch's files come from the
+    manifest the upload sensor wrote, so rerunning a batch registers exactly the same files."""
+    batch = context.partition_key
+    manifest = read_manifest(tables).filter((pl.col("batch_key") == batch) & (pl.col("status") == "batched"))
+    if manifest.is_empty():
+        raise Failure(
+            f"batch {batch!r} has no files in the manifest at {tables.table_uri('batch_manifest')}; "
+            "batches are created by the upload sensor or `video-assets register`"
+        )
+    registered = tables.read(RAW_VIDEOS, SCHEMAS[RAW_VIDEOS])
+    elsewhere = dict(registered.filter(pl.col("batch_key") != batch).select("video_id", "uri").iter_rows())
+    now = datetime.now(UTC)
+    rows, missing, changed, duplicates = [], [], [], []
+    for uri, size, mtime, vid in manifest.select("uri", "size_bytes", "mtime", "video_id").iter_rows():
+        current = volume.stat(uri)
+        if current is None:
+            missing.append(uri)
+            context.log.warning(f"{uri}: listed in batch {batch} but no longer in the volume; not registered")
+            continue
+        if current.size_bytes != size or abs(current.mtime - mtime.timestamp()) > 1e-3:
+            vid = volume.content_hash(uri)  # bytes changed since discovery: register what is there now
+            changed.append(uri)
+            context.log.warning(f"{uri}: changed since discovery, re-hashed to {vid[:12]}")
+        if vid in elsewhere:
+            duplicates.append(uri)
+            context.log.info(f"{uri}: same bytes as {elsewhere[vid]}, already registered")
+            continue
+        rows.append(
+            {
+                "video_id": vid,
+                "uri": uri,
+                "size_bytes": current.size_bytes,
+                "mtime": datetime.fromtimestamp(current.mtime, tz=UTC),
+                "batch_key": batch,
+                "registered_at": now,
+            }
+        )
+    # Two files of one batch with the same bytes were caught at discovery; dedupe again after re-hashes.
+    unique = list({r["video_id"]: r for r in rows}.values())
+    tables.merge(RAW_VIDEOS, to_arrow(RAW_VIDEOS, unique), KEYS[RAW_VIDEOS], keep=("registered_at",))
+    out = _batch_rows(tables, RAW_VIDEOS, batch)
+    context.log.info(
+        f"batch {batch}: {out.height} videos registered, {len(missing)} missing, {len(duplicates)} duplicates"
+    )
+    return MaterializeResult(
+        data_version=batch_version(out),
+        metadata={
+            **table_metadata(
+                tables.table_uri(RAW_VIDEOS),
+                out,
+                tables.read(RAW_VIDEOS).height,
+                ["video_id", "uri", "size_bytes", "batch_key"],
+            ),
+            "missing_files": MetadataValue.json(missing),
+            "changed_since_discovery": MetadataValue.json(changed),
+            "duplicates_skipped": MetadataValue.json(duplicates),
+            "total_bytes": MetadataValue.int(int(out.get_column("size_bytes").sum() or 0)),
+        },
+    )
+
+
+def probe_file(uri: str, size_bytes: int) -> ProbeResult:
+    """Probe a local path directly, an object-store URI through a seekable stream."""
+    if size_bytes == 0:
+        return ProbeResult(ok=False, error="empty file (0 bytes)")
+    source = open_media(uri)
+    if isinstance(source, str):
+        return probe(source)
+    with source as stream:
+        return probe(stream)
+
+
+@asset(partitions_def=video_batches, deps=[raw_videos], **stage_asset("ingest", VIDEO_METADATA, kinds=("pyav",)))
+def video_metadata(context: AssetExecutionContext, tables: DeltaTables) -> MaterializeResult:
+    """Container, codec, size, rotation, frame rates, duration, frame and keyframe facts probed with
+    PyAV in-process. A file that is not a usable video is a row with ok=false and the reason."""
+    batch = context.partition_key
+    videos = _batch_rows(tables, RAW_VIDEOS, batch)
+    if videos.is_empty():
+        raise Failure(f"raw_videos has no rows for batch {batch!r}: materialise raw_videos for it first")
+    items = list(videos.select("video_id", "uri", "size_bytes").iter_rows())
+    workers = max(1, min(4, os.cpu_count() or 1, len(items)))  # PyAV releases the GIL while demuxing
+    now = datetime.now(UTC)
+    rows = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = pool.map(lambda item: probe_file(item[1], item[2]), items)
+        for i, ((vid, uri, _), result) in enumerate(zip(items, results), start=1):
+            name = uri.rsplit("/", 1)[-1]
+            if result.ok:
+                context.log.info(
+                    f"[{i}/{len(items)}] {name}: {result.video_codec} {result.width}x{result.height} "
+                    f"{result.duration_s:.1f}s rot={result.rotation}"
+                )
+            else:
+                context.log.warning(f"[{i}/{len(items)}] {name}: not usable: {result.error}")
+            rows.append({"video_id": vid, "batch_key": batch, "uri": uri, **result.as_row(), "probed_at": now})
+    tables.merge(VIDEO_METADATA, to_arrow(VIDEO_METADATA, rows), KEYS[VIDEO_METADATA])
+    out = _batch_rows(tables, VIDEO_METADATA, batch)
+    failed = out.filter(~pl.col("ok"))
+    return MaterializeResult(
+        data_version=batch_version(out),
+        metadata={
+            **table_metadata(
+                tables.table_uri(VIDEO_METADATA),
+                out,
+                tables.read(VIDEO_METADATA).height,
+                ["uri", "ok", "video_codec", "width", "height", "duration_s", "rotation", "error"],
+            ),
+            "ok_count": MetadataValue.int(out.height - failed.height),
+            "not_ok_count": MetadataValue.int(failed.height),
+            "total_duration_s": MetadataValue.float(float(out.get_column("duration_s").sum() or 0.0)),
+        },
+    )

@@ -1,0 +1,62 @@
+"""The upload sensor: new files in the volume become a new batch partition and a run for it."""
+
+from dagster import (
+    DefaultSensorStatus,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from resources.delta import DeltaTables
+from resources.volume import VideoVolume
+from video_assets.core.uploads import discovery as registry
+from video_assets.defs.ingest.jobs import batch_pipeline_job
+from video_assets.defs.ingest.registration import manifest_batch_keys, read_manifest, register_new_files
+from video_assets.defs.partitions import video_batches
+
+SENSOR_INTERVAL_S = 30
+
+
+@sensor(
+    job=batch_pipeline_job,
+    minimum_interval_seconds=SENSOR_INTERVAL_S,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Lists the video volume; unseen files are hashed, grouped into batches of at most "
+    "batch_size, added as video_batches partitions and run. Cursor: a digest of the last listing.",
+)
+def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables: DeltaTables):
+    files = volume.list_files()
+    digest = registry.listing_digest(files)
+    known_partitions = set(context.instance.get_dynamic_partitions(video_batches.name))
+    # Batches written to the manifest by a tick that died before adding them: repair first.
+    manifest = read_manifest(tables)
+    orphaned = [k for k in manifest_batch_keys(manifest) if k not in known_partitions]
+    if context.cursor == digest and not orphaned:
+        return SkipReason(f"no change in {volume.uri} ({len(files)} files)")
+
+    plan = register_new_files(volume, tables, files, manifest=manifest)
+    for dup in plan.duplicates:
+        context.log.info(f"{dup.uri}: same bytes as {dup.duplicate_of}; not registered again")
+    new_keys = sorted(set(plan.batches) | set(orphaned))
+    # An unfinished listing keeps the old cursor so the next tick carries on.
+    next_cursor = digest if plan.remaining == 0 else context.cursor
+    # What this tick wrote to batch_manifest is reported as its materialisation (lineage in the UI).
+    events = [e for e in [plan.manifest_event(tables)] if e is not None]
+    if not new_keys:
+        return SensorResult(
+            skip_reason=SkipReason("no new videos (only duplicates or known files)"),
+            cursor=next_cursor,
+            asset_events=events,
+        )
+    context.log.info(
+        f"{sum(len(v) for v in plan.batches.values())} new files in {len(new_keys)} batches; "
+        f"{len(plan.duplicates)} duplicates; {plan.remaining} left for the next tick"
+    )
+    return SensorResult(
+        run_requests=[RunRequest(run_key=k, partition_key=k, tags={"video/batch": k}) for k in new_keys],
+        dynamic_partitions_requests=[video_batches.build_add_request(new_keys)],
+        cursor=next_cursor,
+        asset_events=events,
+    )

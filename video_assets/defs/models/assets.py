@@ -1,0 +1,120 @@
+"""Models stage assets: the captioning VLM in the MLflow registry and the versioned caption prompt."""
+
+from pathlib import Path
+
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from pydantic import Field
+
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+from video_assets.defs.common import stage_asset
+
+CAPTION_PROMPT_NAME = "video-caption"
+CAPTION_PROMPT_FILE = Path(__file__).resolve().parents[2] / "prompts" / "caption.txt"
+TINY_WARNING = (
+    "TINY RANDOM TEST MODEL: captions are nonsense. Set VLM_MODEL_SOURCE to a hub id "
+    "(e.g. Qwen/Qwen2.5-VL-7B-Instruct) or a local folder of real weights."
+)
+
+
+CHALLENGER = "challenger"
+
+
+class RegistrationConfig(Config):
+    skip_gate: bool = Field(
+        default=False,
+        description="Put a new version straight behind production instead of behind challenger "
+        "(the promotion job then has nothing to evaluate)",
+    )
+
+
+def _size_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+@asset(
+    **stage_asset("models", kinds=("mlflow",)),
+    description="The captioning VLM registered in MLflow in path form. The first version goes behind "
+    "`production`; a later new version behind `challenger`, for the promote_challenger job to evaluate. "
+    "Idempotent: the same source and revision does not create a new version.",
+)
+def vlm_model(
+    context: AssetExecutionContext, config: RegistrationConfig, vlm: VlmSettings, mlflow_registry: MlflowRegistry
+) -> MaterializeResult:
+    folder, fingerprint = vlm.materialize_source()
+    registered = mlflow_registry.register_model_folder(
+        folder,
+        name=vlm.registered_model,
+        alias=vlm.alias,
+        source=vlm.model_source,
+        fingerprint=fingerprint,
+        tags={"revision": vlm.model_revision or ""},
+        set_alias=False,
+    )
+    alias = mlflow_registry.place_new_version(
+        "model", vlm.registered_model, registered.version, vlm.alias, CHALLENGER, config.skip_gate
+    )
+    verb = "registered as new version" if registered.created else "already registered as version"
+    context.log.info(
+        f"{vlm.model_source}: {verb} {registered.version}; models:/{vlm.registered_model}@{alias} -> v{registered.version}"
+    )
+    if alias == CHALLENGER:
+        context.log.info("run the promote_challenger job to evaluate it against production on the golden set")
+    if vlm.is_tiny:
+        context.log.warning(TINY_WARNING)
+    return MaterializeResult(
+        data_version=DataVersion(f"v{registered.version}"),
+        metadata={
+            "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{alias}"),
+            "alias": MetadataValue.text(alias),
+            "version": MetadataValue.text(registered.version),
+            "source": MetadataValue.text(vlm.model_source),
+            "fingerprint": MetadataValue.text(fingerprint),
+            "size_bytes": MetadataValue.int(_size_bytes(folder)),
+            "new_version": MetadataValue.bool(registered.created),
+            "tracking_uri": MetadataValue.text(mlflow_registry.tracking_uri),
+            **({"warning": MetadataValue.text(TINY_WARNING)} if vlm.is_tiny else {}),
+        },
+    )
+
+
+@asset(
+    **stage_asset("models", kinds=("mlflow",)),
+    description="The caption prompt (video_assets/prompts/caption.txt) in the MLflow prompt registry; "
+    "a new version only when the text changes. The first version goes behind `production`, a later one "
+    "behind `challenger` (see vlm_model).",
+)
+def caption_prompt(
+    context: AssetExecutionContext, config: RegistrationConfig, vlm: VlmSettings, mlflow_registry: MlflowRegistry
+) -> MaterializeResult:
+    template = CAPTION_PROMPT_FILE.read_text().strip()
+    prompt = mlflow_registry.register_prompt(CAPTION_PROMPT_NAME, template, alias=None)
+    alias = mlflow_registry.place_new_version(
+        "prompt", CAPTION_PROMPT_NAME, prompt.version, vlm.alias, CHALLENGER, config.skip_gate
+    )
+    context.log.info(
+        f"prompts:/{CAPTION_PROMPT_NAME}@{alias} -> version {prompt.version} ({'new' if prompt.created else 'unchanged'})"
+    )
+    return MaterializeResult(
+        data_version=DataVersion(f"v{prompt.version}"),
+        metadata={
+            "prompt_uri": MetadataValue.text(f"prompts:/{CAPTION_PROMPT_NAME}@{alias}"),
+            "alias": MetadataValue.text(alias),
+            "version": MetadataValue.int(prompt.version),
+            "new_version": MetadataValue.bool(prompt.created),
+            "template": MetadataValue.md(f"```\n{template}\n```"),
+        },
+    )
+
+
+def production_versions(vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> tuple[str, int]:
+    """(model version, prompt version) behind the production alias, or a Failure that says what to run."""
+    try:
+        model = mlflow_registry.resolve_alias(vlm.registered_model, vlm.alias)
+        prompt = mlflow_registry.load_prompt(CAPTION_PROMPT_NAME, vlm.alias)
+    except Exception as exc:
+        raise Failure(
+            f"cannot resolve the {vlm.alias} model/prompt in {mlflow_registry.tracking_uri}: {exc}. "
+            "Materialise vlm_model and caption_prompt (job register_model) first."
+        ) from exc
+    return str(model.version), int(prompt.version)

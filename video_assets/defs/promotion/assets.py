@@ -1,0 +1,249 @@
+"""Promotion stage asset: promotion_decisions. A challenger model or caption prompt (alias
+``challenger``) replaces production only when, on a use case's golden set, no gated metric drops
+more than a tolerance (``core.evaluation.gate.decide``).
+
+Materialising it captions and structures the golden videos with each candidate where not done yet
+(reported as materialisations of ``captions`` and ``structured_events`` for the batches touched),
+scores both (``eval_scores`` rows + MLflow runs, reported as ``eval_scores`` materialisations),
+records the decision and moves the aliases."""
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+from dagster import (
+    AssetExecutionContext,
+    AssetMaterialization,
+    Config,
+    DataVersion,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+from dagster_ray import RayResource
+from pydantic import Field
+
+from resources.delta import DeltaTables
+from resources.mlflow_registry import MlflowRegistry
+from resources.structurer import CAPTIONER, StructurerSettings
+from resources.vlm import VlmSettings
+from video_assets.core.captioning.versions import caption_versions, captioned_ok
+from video_assets.core.evaluation.gate import GATED, decide
+from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.structuring import usecase as uc_mod
+from video_assets.core.structuring.versions import pending_captions, structuring_versions
+from video_assets.core.tables import (
+    CAPTIONS,
+    EVAL_SCORES,
+    HEADLINE_METRICS,
+    KEYS,
+    PROMOTIONS,
+    SCHEMAS,
+    STRUCTURED_EVENTS,
+    VIDEO_METADATA,
+    to_arrow,
+)
+from video_assets.defs.captioning.runner import engine_name, job_spec, run_captioning
+from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.evaluation.assets import eval_scores, golden_set
+from video_assets.defs.evaluation.runner import evaluate_candidate, golden_rows
+from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, CHALLENGER, caption_prompt, vlm_model
+from video_assets.defs.structuring.runner import make_structurer, structure_rows, structurer_id
+
+
+class PromotionConfig(Config):
+    use_case: str = Field(default="object_handling", description="Use case whose golden set gates the promotion")
+    tolerance: float = Field(default=0.02, ge=0, description="Largest allowed drop of any gated metric")
+    metrics: list[str] = Field(default=list(GATED), description="Gated metrics (columns of eval_scores)")
+    iou_threshold: float = Field(default=0.3, gt=0, le=1)
+    bootstrap: int = Field(default=200, ge=10)
+    max_frames: int = Field(default=16, ge=1, description="Frames per segment when captioning golden videos")
+    min_frames: int = Field(default=8, ge=1)
+
+
+def _report(context: AssetExecutionContext, asset_key: str, batches, **metadata) -> None:
+    """Lineage for rows this job wrote into another stage's table: one materialisation per batch."""
+    for batch in sorted(set(batches)):
+        context.log_event(
+            AssetMaterialization(
+                asset_key=asset_key, partition=batch, metadata={"written_by": "promote_challenger", **metadata}
+            )
+        )
+
+
+def _ensure_captions(
+    context, tables, vlm, registry, videos: pl.DataFrame, model_alias, prompt_alias, mv, pv, cfg
+) -> Path:
+    """Caption the golden videos this (model, prompt) has not captioned yet; returns the model folder."""
+    path, _ = registry.download_model(vlm.registered_model, model_alias, Path(vlm.cache_dir) / "registry")
+    done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), mv, pv)
+    todo = videos.filter(~pl.col("video_id").is_in(done))
+    context.log.info(
+        f"model v{mv} prompt v{pv}: {todo.height} golden videos to caption, {videos.height - todo.height} cached"
+    )
+    if todo.height:
+        prompt = registry.load_prompt(CAPTION_PROMPT_NAME, prompt_alias)
+        engine = engine_name(vlm)
+        sampling = SamplingConfig(min_frames=cfg.min_frames, max_frames=cfg.max_frames)
+        spec = job_spec(sampling, vlm, engine, path, prompt.template)
+        stamp = {"model_name": vlm.registered_model, "model_version": mv, "prompt_version": pv, "engine": engine}
+        stats = run_captioning(context.log, tables, todo, spec, stamp)
+        _report(
+            context,
+            CAPTIONS,
+            todo.get_column("batch_key").to_list(),
+            model_version=mv,
+            prompt_version=pv,
+            rows_written=int(stats["written"]),
+        )
+    return path
+
+
+def _ensure_structured(context, tables, settings, uc, path, ids, mv, pv, sid) -> None:
+    caps = tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(caption_versions(mv, pv) & pl.col("video_id").is_in(ids))
+    events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(structuring_versions(mv, pv, sid))
+    todo = pending_captions(caps.to_dicts(), events, uc)
+    if todo:
+        rows = structure_rows(make_structurer(settings, path), settings, uc, todo, sid, context.log)
+        tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])
+        _report(
+            context,
+            STRUCTURED_EVENTS,
+            [r["batch_key"] for r in rows],
+            structurer=sid,
+            use_case=uc.name,
+            rows_written=len(rows),
+        )
+
+
+@asset(
+    deps=[eval_scores, golden_set, vlm_model, caption_prompt],
+    output_required=False,  # no challenger: nothing decided, nothing materialised
+    **stage_asset("promotion", PROMOTIONS, kinds=("mlflow", "ray")),
+)
+def promotion_decisions(
+    context: AssetExecutionContext,
+    config: PromotionConfig,
+    vlm: VlmSettings,
+    structurer: StructurerSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    ray_cluster: RayResource,
+):
+    """One row per promotion decision: challenger vs production on a golden set; production moves only
+    if no gated metric regresses. Run by the promote_challenger job (or challenger_sensor)."""
+    reg, name = mlflow_registry, vlm.registered_model
+    pm, cm = reg.alias_version("model", name, vlm.alias), reg.alias_version("model", name, CHALLENGER)
+    pp, cp = (
+        reg.alias_version("prompt", CAPTION_PROMPT_NAME, vlm.alias),
+        reg.alias_version("prompt", CAPTION_PROMPT_NAME, CHALLENGER),
+    )
+    if pm is None or pp is None:
+        raise Failure("no production model or prompt yet: run the register_model job first")
+    if cm is None and cp is None:
+        context.log.info("no challenger model or prompt: nothing to evaluate")
+        return
+    try:
+        uc = uc_mod.load(config.use_case)
+    except ValueError as exc:
+        raise Failure(str(exc)) from exc
+    unknown = [m for m in config.metrics if m not in HEADLINE_METRICS]  # the columns an eval_scores row has
+    if unknown:
+        raise Failure(f"unknown gated metrics {unknown}")
+    ids = [g["video_id"] for g in golden_rows(tables, uc.name)]
+    videos = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA]).filter(pl.col("ok") & pl.col("video_id").is_in(ids))
+    if videos.is_empty():
+        raise Failure(
+            f"none of the {len(ids)} golden videos of {uc.name!r} is registered and readable: "
+            "register the sample clips (video-assets register) and materialise golden_set first"
+        )
+    candidates = {
+        "production": (pm, int(pp), vlm.alias, vlm.alias),
+        "challenger": (cm or pm, int(cp or pp), CHALLENGER if cm else vlm.alias, CHALLENGER if cp else vlm.alias),
+    }
+    results = {}
+    for label, (mv, pv, model_alias, prompt_alias) in candidates.items():
+        context.log.info(
+            f"{label}: model v{mv} ({model_alias}), prompt v{pv} ({prompt_alias}) on {videos.height} golden videos"
+        )
+        path = _ensure_captions(context, tables, vlm, reg, videos, model_alias, prompt_alias, mv, pv, config)
+        sid = structurer_id(structurer, name, mv)
+        _ensure_structured(
+            context,
+            tables,
+            structurer,
+            uc,
+            path if structurer.model == CAPTIONER else None,
+            videos.get_column("video_id").to_list(),
+            mv,
+            pv,
+            sid,
+        )
+        results[label] = evaluate_candidate(
+            tables, reg, uc, label, name, mv, pv, sid, config.iou_threshold, config.bootstrap
+        )
+        row = results[label][0]
+        context.log_event(
+            AssetMaterialization(
+                asset_key=EVAL_SCORES,
+                metadata={
+                    "written_by": "promote_challenger",
+                    "eval_id": row["eval_id"],
+                    "candidate": label,
+                    "mlflow_run_id": row["mlflow_run_id"],
+                },
+            )
+        )
+    (prow, _), (crow, _) = results["production"], results["challenger"]
+    promoted, reason = decide(prow, crow, config.tolerance, config.metrics)
+    context.log.info(reason)
+    if promoted:
+        if cm:
+            reg.set_alias("model", name, vlm.alias, cm)
+        if cp:
+            reg.set_alias("prompt", CAPTION_PROMPT_NAME, vlm.alias, cp)
+    # Either way the challenger has had its evaluation: the alias is cleared, the verdict kept as a tag.
+    if cm:
+        reg.client().set_model_version_tag(name, cm, "promotion", reason[:500])
+        reg.delete_alias("model", name, CHALLENGER)
+    if cp:
+        reg.delete_alias("prompt", CAPTION_PROMPT_NAME, CHALLENGER)
+    decision = {
+        "decision_id": uuid.uuid4().hex[:16],
+        "decided_at": datetime.now(UTC),
+        "use_case": uc.name,
+        "production_model_version": pm,
+        "production_prompt_version": int(pp),
+        "challenger_model_version": cm or pm,
+        "challenger_prompt_version": int(cp or pp),
+        "promoted": promoted,
+        "reason": reason,
+        "tolerance": config.tolerance,
+        "production_eval_id": prow["eval_id"],
+        "challenger_eval_id": crow["eval_id"],
+    }
+    tables.merge(PROMOTIONS, to_arrow(PROMOTIONS, [decision]), KEYS[PROMOTIONS])
+    out = tables.read(PROMOTIONS, SCHEMAS[PROMOTIONS])
+    now_model, now_prompt = (
+        reg.alias_version("model", name, vlm.alias),
+        reg.alias_version("prompt", CAPTION_PROMPT_NAME, vlm.alias),
+    )
+    yield MaterializeResult(
+        data_version=DataVersion(decision["decision_id"]),
+        metadata={
+            **table_metadata(
+                tables.table_uri(PROMOTIONS),
+                out.filter(pl.col("decision_id") == decision["decision_id"]),
+                out.height,
+                ["use_case", "promoted", "reason"],
+            ),
+            "decision_id": MetadataValue.text(decision["decision_id"]),
+            "promoted": MetadataValue.bool(promoted),
+            "reason": MetadataValue.text(reason),
+            "production": MetadataValue.json({m: round(prow[m], 4) for m in config.metrics}),
+            "challenger": MetadataValue.json({m: round(crow[m], 4) for m in config.metrics}),
+            "production_now": MetadataValue.text(f"model v{now_model}, prompt v{now_prompt}"),
+        },
+    )

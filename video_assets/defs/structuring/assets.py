@@ -1,0 +1,113 @@
+"""Structuring stage asset: structured_events (caption prose -> schema-conforming rows per use case),
+partitioned by upload batch; reruns are idempotent merges."""
+
+from pathlib import Path
+
+import polars as pl
+from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, MetadataValue, asset
+from pydantic import Field
+
+from resources.delta import DeltaTables
+from resources.mlflow_registry import MlflowRegistry
+from resources.structurer import CAPTIONER, StructurerSettings
+from resources.vlm import VlmSettings
+from video_assets.core.structuring import usecase as uc_mod
+from video_assets.core.structuring.versions import pending_captions, structuring_versions
+from video_assets.core.tables import KEYS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.models.assets import production_versions
+from video_assets.defs.partitions import video_batches
+from video_assets.defs.structuring.runner import (
+    batch_captions,
+    make_structurer,
+    structure_rows,
+    structurer_id,
+    use_case_version,
+)
+
+
+class StructuredEventsConfig(Config):
+    restructure: bool = Field(default=False, description="Structure again captions already structured by this version")
+
+
+@asset(
+    partitions_def=video_batches, deps=[captions], **stage_asset("structuring", STRUCTURED_EVENTS, kinds=("mlflow",))
+)
+def structured_events(
+    context: AssetExecutionContext,
+    config: StructuredEventsConfig,
+    vlm: VlmSettings,
+    structurer: StructurerSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+) -> MaterializeResult:
+    """One row per caption and use case: verdict, confidence and timed events, decoded under the use
+    case's JSON schema (xgrammar on CPU, vLLM structured outputs on GPU). A failed parse gets one
+    verdict-only retry; what still fails is `unparsed` with the raw output; an errored caption is
+    `no_caption`. Events are a list column (start_s, end_s, actor, action, object)."""
+    batch = context.partition_key
+    try:
+        use_cases = uc_mod.parse_names(structurer.use_cases)
+    except ValueError as exc:
+        raise Failure(str(exc)) from exc
+    model_version, prompt_version = production_versions(vlm, mlflow_registry)
+    caps = batch_captions(tables, batch, model_version, prompt_version)
+    if caps.is_empty():
+        raise Failure(
+            f"captions has no rows for batch {batch!r} with model v{model_version} and prompt "
+            f"v{prompt_version}: materialise captions for this batch first"
+        )
+    sid = structurer_id(structurer, vlm.registered_model, model_version)
+    existing = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(
+        (pl.col("batch_key") == batch) & structuring_versions(model_version, prompt_version, sid)
+    )
+    plan = {}
+    for uc in use_cases:
+        todo = caps.to_dicts() if config.restructure else pending_captions(caps.to_dicts(), existing, uc)
+        plan[uc.name] = (uc, todo)
+        context.log.info(
+            f"{uc.name} (version {uc.version}): {len(todo)} captions to structure, {len(caps) - len(todo)} cached"
+        )
+    engine = None
+    written = 0
+    for uc, todo in plan.values():
+        if not todo:
+            continue
+        if engine is None:
+            path = (
+                mlflow_registry.download_model(vlm.registered_model, vlm.alias, Path(vlm.cache_dir) / "registry")[0]
+                if structurer.model == CAPTIONER
+                else None
+            )
+            engine = make_structurer(structurer, path)
+            context.log.info(f"structuring with {sid} on {getattr(engine, 'name', '?')}")
+        rows = structure_rows(engine, structurer, uc, todo, sid, context.log)
+        tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])
+        written += len(rows)
+
+    after = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS])
+    out = after.filter(
+        (pl.col("batch_key") == batch)
+        & structuring_versions(model_version, prompt_version, sid)
+        & pl.col("use_case").is_in([u.name for u in use_cases])
+    )
+    status = dict(out.group_by("status").len().sort("status").iter_rows())
+    verdicts = dict(out.filter(pl.col("verdict").is_not_null()).group_by("verdict").len().sort("verdict").iter_rows())
+    return MaterializeResult(
+        data_version=use_case_version(model_version, prompt_version, sid, use_cases),
+        metadata={
+            **table_metadata(
+                tables.table_uri(STRUCTURED_EVENTS),
+                out,
+                after.height,
+                ["use_case", "uri", "segment", "status", "verdict", "confidence", "n_events", "error"],
+            ),
+            "structurer": MetadataValue.text(sid),
+            "use_cases": MetadataValue.json({u.name: u.version for u in use_cases}),
+            "status_counts": MetadataValue.json(status),
+            "verdict_counts": MetadataValue.json(verdicts),
+            "unparsed_rows": MetadataValue.int(status.get("unparsed", 0)),
+            "rows_written": MetadataValue.int(written),
+        },
+    )

@@ -1,0 +1,82 @@
+"""Structuring runs, shared by the structured_events asset, routing and the promotion job: which
+engine structures, under which id, and the rows it writes."""
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+from dagster import DataVersion
+
+from resources.delta import DeltaTables
+from resources.structurer import CAPTIONER, StructurerSettings
+from video_assets.core.captioning.versions import caption_versions
+from video_assets.core.inference import choose_engine_name
+from video_assets.core.structuring import usecase as uc_mod
+from video_assets.core.structuring.policy import structure_captions
+from video_assets.core.tables import CAPTIONS, SCHEMAS
+
+
+def structurer_id(settings: StructurerSettings, model_name: str, model_version: str) -> str:
+    return f"{model_name}/v{model_version}" if settings.model == CAPTIONER else settings.model
+
+
+def make_structurer(settings: StructurerSettings, captioner_path: Path | str):
+    """The engine for ``settings`` (the captioning model's folder when model is 'captioner')."""
+    model = str(captioner_path) if settings.model == CAPTIONER else settings.model
+    if choose_engine_name(settings.engine) == "vllm":
+        from video_assets.core.structuring.engines import VllmStructurer
+
+        return VllmStructurer(settings.vllm_settings(model))
+    from video_assets.core.structuring.engines import TransformersStructurer
+
+    return TransformersStructurer(model, settings.device, settings.batch_size)
+
+
+def structure_rows(
+    engine, settings: StructurerSettings, uc: uc_mod.UseCase, caption_rows: list[dict], structurer: str, log=None
+) -> list[dict]:
+    """structured_events rows for caption rows (dicts of the captions table), one per caption."""
+    now = datetime.now(UTC)
+    results = structure_captions(engine, uc, caption_rows, settings.max_new_tokens, settings.retry_max_new_tokens)
+    out = []
+    for n, (c, r) in enumerate(zip(caption_rows, results), start=1):
+        if log is not None:
+            name = c["uri"].rsplit("/", 1)[-1]
+            log.info(
+                f"[{n}/{len(caption_rows)}] {uc.name} {name} segment {c['segment']}: {r['status']}"
+                + (f" {r['verdict']}" if r["verdict"] else "")
+                + (f" ({r['error']})" if r["error"] else "")
+            )
+        out.append(
+            {
+                "video_id": c["video_id"],
+                "segment": c["segment"],
+                "use_case": uc.name,
+                "model_version": c["model_version"],
+                "prompt_version": c["prompt_version"],
+                "use_case_version": uc.version,
+                "structurer": structurer,
+                "batch_key": c["batch_key"],
+                "uri": c["uri"],
+                "segment_start_s": c.get("segment_start_s"),
+                "segment_end_s": c.get("segment_end_s"),
+                **r,
+                "n_events": len(r["events"]),
+                "structured_at": now,
+            }
+        )
+    return out
+
+
+def batch_captions(tables: DeltaTables, batch: str, model_version: str, prompt_version: int) -> pl.DataFrame:
+    return tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(
+        (pl.col("batch_key") == batch) & caption_versions(model_version, prompt_version)
+    )
+
+
+def use_case_version(
+    model_version: str, prompt_version: int, structurer: str, use_cases: list[uc_mod.UseCase], extra: str = ""
+) -> DataVersion:
+    """What a batch's structured rows derive from: the caption pair, the structurer, each use case's version."""
+    ucs = ",".join(f"{u.name}:{u.version}" for u in use_cases)
+    return DataVersion(f"model-v{model_version}-prompt-v{prompt_version}-{structurer}-{ucs}{extra}")
