@@ -13,7 +13,7 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test lint ui mlflow-ui install lock clean-data
+.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
 # the cpu and dev extras, CPython 3.11, Linux x86_64); then the project itself, editable, with no index,
@@ -46,6 +46,15 @@ lock:
 	rm -f requirements.lock.tmp
 
 install: $(BIN)/.installed
+
+# GPU machines: a separate environment (.venv-gpu) with vLLM at Ray's pin and the torch build vLLM
+# needs. It cannot share .venv, whose CPU torch is pinned by requirements.lock. Not used by make test.
+GPU_VENV ?= .venv-gpu
+install-gpu:
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install --quiet 'pip==$(PIP_VERSION)'
+	$(GPU_VENV)/bin/pip install --quiet -e '.[gpu,dev]'
+	$(GPU_VENV)/bin/pip check
 
 demo: $(BIN)/.installed
 	mkdir -p $(DAGSTER_HOME)

@@ -18,7 +18,8 @@ class StructurerSettings(ConfigurableResource):
     )
     engine: str = Field(default="auto", description="auto | transformers | vllm")
     device: str = Field(default="auto", description="transformers device: auto | cpu | cuda")
-    batch_size: int = Field(default=4, ge=1)
+    batch_size: int = Field(default=4, ge=1, description="transformers: captions per generate call")
+    vllm_batch_size: int = Field(default=64, ge=1, description="vLLM: rows per Ray Data batch sent to an engine")
     max_new_tokens: int = Field(
         default=1024,
         ge=1,
@@ -33,7 +34,7 @@ class StructurerSettings(ConfigurableResource):
         return VllmSettings(
             model_source=model_source,
             tensor_parallel_size=self.tensor_parallel_size,
-            batch_size=self.batch_size,
+            batch_size=self.vllm_batch_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_model_len=self.max_model_len,
             max_new_tokens=self.max_new_tokens,

@@ -41,6 +41,18 @@ class VlmSettings(ConfigurableResource):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     max_num_seqs: int = Field(default=64, ge=1)
     max_model_len: int = Field(default=32768, ge=256)
+    vllm_batch_size: int = Field(
+        default=64,
+        ge=1,
+        description="vLLM: segments per Ray Data batch sent to an engine (enough to fill max_num_seqs)",
+    )
+    limit_mm_per_prompt: dict[str, int] = Field(
+        default={"video": 1, "image": 0}, description="vLLM: multimodal items reserved per prompt"
+    )
+    max_video_frames: int = Field(
+        default=32, ge=1, description="vLLM: frames its video loader keeps per video; more are refused, not dropped"
+    )
+    accelerator_type: str | None = Field(default=None, description='vLLM: Ray accelerator type, e.g. "H100"')
 
     def vllm_settings(self, model_path: str) -> VllmSettings:
         """The vLLM engine settings of the captioning stage, for the model downloaded to ``model_path``."""
@@ -51,8 +63,11 @@ class VlmSettings(ConfigurableResource):
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             concurrency=self.vlm_concurrency,
-            batch_size=self.vlm_batch_size,
+            batch_size=self.vllm_batch_size,
             max_new_tokens=self.max_new_tokens,
+            limit_mm_per_prompt=self.limit_mm_per_prompt,
+            max_video_frames=self.max_video_frames,
+            accelerator_type=self.accelerator_type,
         )
 
     @property

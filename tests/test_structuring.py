@@ -227,7 +227,7 @@ def test_vllm_rows_carry_the_schema_as_structured_outputs(uc):
     cfg = processor_config(
         VllmSettings(model_source="Qwen/Qwen2.5-VL-7B-Instruct", tensor_parallel_size=2), multimodal=False
     )
-    assert cfg.engine_kwargs["structured_outputs_config"] == {"backend": "xgrammar"}
+    assert cfg.engine_kwargs["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
     assert cfg.engine_kwargs["tensor_parallel_size"] == 2
     assert cfg.engine_kwargs["limit_mm_per_prompt"] == {"image": 0, "video": 0}
 

@@ -18,7 +18,6 @@ import numpy as np
 import ray
 
 from video_assets.core.media.sampling import SamplingConfig, sample_video
-from video_assets.core.media.source import open_media
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
 
@@ -62,7 +61,7 @@ def decode_and_sample(row: dict, sampling: SamplingConfig, sink) -> list[dict]:
     """CPU stage: one video in, one row per segment out (frames included); failures go to ``sink``."""
     started = time.perf_counter()
     try:
-        sampled = sample_video(open_media(row["uri"]), sampling, row.get("duration_s"), row.get("rotation"))
+        sampled = sample_video(row["uri"], sampling, row.get("duration_s"), row.get("rotation"))
     except Exception as exc:  # one bad video becomes an error row, never a failed job
         sink.add.remote(
             {

@@ -23,6 +23,9 @@ class VllmSettings(BaseModel):
     max_num_seqs: int = Field(default=64, ge=1)
     max_model_len: int = Field(default=32768, ge=256)
     limit_mm_per_prompt: dict[str, int] = Field(default_factory=lambda: {"video": 1, "image": 0})
+    # vLLM 0.29's video loader keeps at most this many frames of a video (its default 32) and drops the
+    # rest silently: requests with more are refused before they reach it (``check_frames``).
+    max_video_frames: int = Field(default=32, ge=1)
     concurrency: int = Field(default=1, ge=1, description="vLLM engine replicas (each tensor_parallel_size GPUs)")
     batch_size: int = Field(default=16, ge=1, description="Rows per Ray Data batch sent to an engine")
     max_new_tokens: int = Field(default=256, ge=1, description="Ceiling on max_tokens per request")
@@ -42,7 +45,10 @@ def engine_kwargs(settings: VllmSettings, multimodal: bool = True) -> dict[str, 
         # A VLM used as a text model (structuring) reserves no image or video slots.
         "limit_mm_per_prompt": dict(settings.limit_mm_per_prompt) if multimodal else {"image": 0, "video": 0},
         "dtype": settings.dtype,
-        **({} if multimodal else {"structured_outputs_config": {"backend": "xgrammar"}}),
+        # Free whitespace lets a weak model pad JSON to max_tokens; in vLLM 0.29 it is an engine setting.
+        **(
+            {} if multimodal else {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+        ),
         **settings.engine_kwargs,
     }
 
@@ -82,6 +88,16 @@ def processor_config(settings: VllmSettings, multimodal: bool = True):
         chat_template_stage=True,
         **stages,
     )
+
+
+def check_frames(settings: VllmSettings, max_frames: int) -> None:
+    """Refuse a sampling plan whose segments could hold more frames than vLLM's video loader keeps."""
+    if max_frames > settings.max_video_frames:
+        raise ValueError(
+            f"max_frames={max_frames} exceeds the {settings.max_video_frames} frames vLLM's video loader keeps per "
+            "video (it would drop the rest silently): lower max_frames, or raise max_video_frames together with "
+            "the engine's media_io_kwargs"
+        )
 
 
 def sampling_params(max_tokens: int, json_schema: dict | None = None) -> dict[str, Any]:

@@ -17,10 +17,12 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import av
 import numpy as np
 
+from video_assets.core.media.source import open_container
 from video_assets.core.media.streams import scan_packets, scanned_duration, start_s, stored_duration
 
 # Container formats whose index (stream.index_entries) is read from the file before decoding and
@@ -355,7 +357,7 @@ def keyframe_motion(source: str, info: _StreamInfo, stats: dict) -> list[tuple[f
     Keyframe-only decoding (skip_frame NONKEY) is the cheap path. Codecs that ignore skip_frame
     (VP9, cinepak) return non-key frames: then each known keyframe is sought and decoded alone.
     """
-    with av.open(source, metadata_errors="ignore") as container:
+    with open_container(source, SamplingError) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         stream.codec_context.skip_frame = "NONKEY"
@@ -373,7 +375,7 @@ def keyframe_motion(source: str, info: _StreamInfo, stats: dict) -> list[tuple[f
         stats["motion"] = "unavailable: fewer than 3 keyframes"
         return []
     keys = [keys[int(i)] for i in np.linspace(0, len(keys) - 1, min(len(keys), MOTION_MAX_POINTS))]
-    with av.open(source, metadata_errors="ignore") as container:
+    with open_container(source, SamplingError) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         before = stats["frames_decoded"]
@@ -397,7 +399,7 @@ def adjacent_motion(source: str, info: _StreamInfo, spans: list[tuple[float, flo
     candidate intervals keeps this cheap.
     """
     out: list[tuple[float, float]] = []
-    with av.open(source, metadata_errors="ignore") as container:
+    with open_container(source, SamplingError) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         run, cursor, prev = None, -math.inf, None
@@ -434,18 +436,19 @@ def _plan(cfg: SamplingConfig, info: _StreamInfo, source: str, stats: dict):
 
 
 def sample_video(
-    source: str, cfg: SamplingConfig = SamplingConfig(), duration_s: float | None = None, rotation: int | None = None
+    source: str | Path,
+    cfg: SamplingConfig = SamplingConfig(),
+    duration_s: float | None = None,
+    rotation: int | None = None,
 ) -> SampledVideo:
-    """Decode the planned frames of `source`; duration and rotation come from the file when not given."""
+    """Decode the planned frames of the video at ``source`` (a local path or an object-store / http(s)
+    URI, see ``media.source``); duration and rotation come from the file when not given. Every pass
+    opens the source anew and closes what it opened."""
     began = time.perf_counter()
     source = str(source)
     stats = dict(frames_decoded=0, motion_frames_decoded=0, cut_frames_decoded=0, seeks=0, late_seeks=0)
     stats.update(decode_errors=0, motion=None)
-    try:
-        container = av.open(source, metadata_errors="ignore")
-    except (av.error.FFmpegError, OSError, ValueError) as exc:
-        raise SamplingError(f"cannot open as a media container: {_readable(exc)}") from exc
-    with container:
+    with open_container(source, SamplingError) as container:
         if not container.streams.video:
             raise SamplingError("no video stream")
         stream = container.streams.video[0]

@@ -144,12 +144,11 @@ def _thumbnails(log, videos: pl.DataFrame, config: CaptionsConfig, limit: int) -
     with the same plan: the frames are not kept after the Ray job)."""
     from video_assets.core.charts import markdown_image, thumbnail_strip
     from video_assets.core.media.sampling import sample_video
-    from video_assets.core.media.source import open_media
 
     parts = []
     for uri, duration, rotation in videos.select("uri", "duration_s", "rotation").head(limit).iter_rows():
         try:
-            seg = sample_video(open_media(uri), config.sampling(), duration, rotation).segments[0]
+            seg = sample_video(uri, config.sampling(), duration, rotation).segments[0]
             png = thumbnail_strip(seg.frames, seg.timestamps)
         except Exception as exc:  # a preview must never fail the asset
             log.warning(f"no thumbnail strip for {uri}: {type(exc).__name__}: {exc}")

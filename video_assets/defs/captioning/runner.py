@@ -5,11 +5,13 @@ import time
 from datetime import UTC, datetime
 
 import polars as pl
+from dagster import Failure
 
 from resources.delta import DeltaTables
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
 from video_assets.core.inference import choose_engine_name
+from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
 from video_assets.core.vocabulary import CAPTION_OK
@@ -22,6 +24,13 @@ def engine_name(vlm: VlmSettings) -> str:
 
 
 def job_spec(sampling: SamplingConfig, vlm: VlmSettings, engine: str, model_path, prompt_template: str) -> JobSpec:
+    """The Ray job of a captioning run; a plan vLLM cannot honour is a Failure before anything starts."""
+    vllm_settings = vlm.vllm_settings(str(model_path))
+    if engine == "vllm":
+        try:
+            check_frames(vllm_settings, sampling.max_frames)
+        except ValueError as exc:
+            raise Failure(str(exc)) from exc
     return JobSpec(
         sampling=sampling,
         engine=EngineSpec(engine, str(model_path), vlm.device, vlm.vlm_batch_size, vlm.max_new_tokens),
@@ -29,7 +38,7 @@ def job_spec(sampling: SamplingConfig, vlm: VlmSettings, engine: str, model_path
         cpu_concurrency=vlm.cpu_concurrency,
         vlm_concurrency=vlm.vlm_concurrency,
         vlm_num_gpus=vlm.vlm_num_gpus,
-        vllm=vlm.vllm_settings(str(model_path)).model_dump(),
+        vllm=vllm_settings.model_dump(),
     )
 
 

@@ -1,0 +1,61 @@
+"""The GPU extra resolves to the vLLM that Ray's own `llm` extra pins (Ray's multimodal stage imports
+vLLM internals that move between releases), and the CPU install is exactly the lock."""
+
+import importlib.metadata as md
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ray_vllm_pin() -> str:
+    """The vLLM version the installed Ray's `llm` extra pins."""
+    for spec in md.requires("ray") or []:
+        req = Requirement(spec)
+        if req.name == "vllm" and req.marker is not None and req.marker.evaluate({"extra": "llm"}):
+            [pin] = list(req.specifier)
+            assert pin.operator == "==", spec
+            return pin.version
+    raise AssertionError("the installed Ray has no vllm pin in its llm extra")
+
+
+def test_the_gpu_extra_resolves_to_rays_vllm_pin(tmp_path):
+    report = tmp_path / "report.json"
+    # Resolve only (no install, no build of the project: the extra's requirements are what matter).
+    gpu = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            *gpu,
+            f"ray=={md.version('ray')}",
+        ],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    resolved = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert resolved["vllm"] == ray_vllm_pin()
+    assert resolved["ray"] == md.version("ray")
+
+
+def test_the_cpu_install_is_the_lock():
+    locked = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if "==" in line and not line.startswith((" ", "#")):
+            name, version = line.split("==")
+            locked[name.lower().replace("_", "-")] = version.strip()
+    for name in ("dagster", "ray", "mlflow", "deltalake", "polars", "av", "torch", "transformers"):
+        assert md.version(name) == locked[name], name

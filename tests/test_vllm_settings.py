@@ -1,0 +1,46 @@
+"""The vLLM settings both model stages build on: what reaches Ray Data LLM's processor config, and
+the plans it would silently mangle, refused up front. (vLLM itself does not run here.)"""
+
+import pytest
+from dagster import Failure
+
+from resources.structurer import StructurerSettings
+from resources.vlm import VlmSettings
+from video_assets.core.inference.vllm import processor_config
+from video_assets.core.media.sampling import SamplingConfig
+from video_assets.defs.captioning.runner import job_spec
+
+
+def test_structured_outputs_allow_no_free_whitespace():
+    cfg = processor_config(StructurerSettings().vllm_settings("Qwen/Qwen2.5-7B-Instruct"), multimodal=False)
+    assert cfg.engine_kwargs["structured_outputs_config"]["disable_any_whitespace"] is True
+    assert cfg.engine_kwargs["limit_mm_per_prompt"] == {"image": 0, "video": 0}
+
+
+def test_default_batches_can_fill_the_engine():
+    for settings in (VlmSettings(cache_dir="/tmp").vllm_settings("m"), StructurerSettings().vllm_settings("m")):
+        assert settings.batch_size >= settings.max_num_seqs
+
+
+def test_caption_settings_reach_the_processor():
+    vlm = VlmSettings(
+        cache_dir="/tmp",
+        accelerator_type="H100",
+        limit_mm_per_prompt={"video": 2, "image": 0},
+        max_model_len=16384,
+        tensor_parallel_size=2,
+    )
+    cfg = processor_config(vlm.vllm_settings("/models/qwen"), multimodal=True)
+    assert cfg.accelerator_type == "H100"
+    assert cfg.engine_kwargs["limit_mm_per_prompt"] == {"video": 2, "image": 0}
+    assert cfg.engine_kwargs["max_model_len"] == 16384 and cfg.engine_kwargs["tensor_parallel_size"] == 2
+
+
+def test_more_frames_than_the_video_loader_keeps_is_refused():
+    vlm = VlmSettings(cache_dir="/tmp")
+    ok = job_spec(SamplingConfig(max_frames=vlm.max_video_frames), vlm, "vllm", "/m", "describe")
+    assert ok.vllm["max_video_frames"] == vlm.max_video_frames
+    with pytest.raises(Failure, match="max_frames=40 exceeds the 32 frames"):
+        job_spec(SamplingConfig(max_frames=40), vlm, "vllm", "/m", "describe")
+    # The transformers engine has no such loader: the same plan is fine there.
+    assert job_spec(SamplingConfig(max_frames=40), vlm, "transformers", "/m", "describe").sampling.max_frames == 40
