@@ -13,7 +13,7 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data
+.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data gpu-check
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
 # the cpu and dev extras, CPython 3.11, Linux x86_64); then the project itself, editable, with no index,
@@ -78,3 +78,10 @@ mlflow-ui: $(BIN)/.installed
 
 clean-data:
 	find dagster_home -mindepth 1 ! -name dagster.yaml -exec rm -rf {} +
+
+# GPU check on a machine with only torch + transformers (no venv, no network): the transformers engine
+# on a full-size random-weight Qwen2.5-VL. `make gpu-check GPU_CHECK_ARGS="--shape 7b --json out.json"`;
+# `--smoke` is a CPU plumbing run. See docs/benchmarks.md.
+GPU_CHECK_PYTHON ?= python
+gpu-check:
+	$(GPU_CHECK_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)

@@ -17,6 +17,8 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from video_assets.core.inference.model_cache import download_once
+
 
 @dataclass(frozen=True)
 class RegisteredModel:
@@ -226,17 +228,13 @@ class MlflowRegistry(ConfigurableResource):
 
     def download_model(self, name: str, alias: str, dest: Path) -> tuple[Path, str]:
         """Download ``models:/name@alias`` to ``dest`` (cached per version); returns the model folder and version."""
-        import mlflow.artifacts
-
         version = self.resolve_alias(name, alias)
         target = Path(dest) / f"{name}-v{version.version}"
-        done = target / ".complete"
-        if not done.exists():
-            mlflow.artifacts.download_artifacts(
-                artifact_uri=version.source, dst_path=str(target), tracking_uri=self.tracking_uri
-            )
-            done.touch()
-        return model_dir(target), str(version.version)
+        return download_once(version.source, target, self.tracking_uri), str(version.version)
+
+    def artifact_uri(self, name: str, alias: str) -> str:
+        """Where the version behind ``alias`` is stored: what a Ray actor on another node downloads."""
+        return self.resolve_alias(name, alias).source
 
     # -- prompts ------------------------------------------------------------------------------
     def register_prompt(
@@ -292,14 +290,3 @@ def _pipeline_classes_resolved():
         yield
     finally:
         pipelines.check_task = original
-
-
-def model_dir(root: Path) -> Path:
-    """The folder holding config.json inside a downloaded MLflow transformers model."""
-    for candidate in [root / "model", root]:
-        if (candidate / "config.json").exists():
-            return candidate
-    hits = sorted(root.rglob("config.json"), key=lambda p: len(p.parts))
-    if not hits:
-        raise FileNotFoundError(f"no config.json under downloaded model {root}")
-    return hits[0].parent

@@ -44,9 +44,17 @@ def default_models_dir() -> str:
     return str(dagster_home() / "models")
 
 
+# The packages a Ray worker needs to run this product's stages (decode tasks, VLM actors).
+SHIPPED_PACKAGES = ("video_assets", "resources")
+
+
 def ray_init_options() -> dict:
     """Embedded Ray: no dashboard (saves a process and a port on a laptop). With RAY_ADDRESS set,
-    ray.init connects to that cluster and takes no local-cluster options."""
+    ray.init connects to that cluster and takes no local-cluster options, but ships this product's
+    code to its workers in a ``runtime_env`` (``py_modules``), so a cluster whose image lacks the
+    package still runs it; ``RAY_SHIP_CODE=0`` turns that off for images that have it."""
     if os.environ.get("RAY_ADDRESS"):
-        return {}
+        if os.environ.get("RAY_SHIP_CODE", "1").strip().lower() in ("0", "false", "no", "off"):
+            return {}
+        return {"runtime_env": {"py_modules": [str(REPO_ROOT / p) for p in SHIPPED_PACKAGES]}}
     return {"include_dashboard": False}

@@ -35,7 +35,18 @@ class VlmSettings(ConfigurableResource):
     cpu_concurrency: int = Field(default=2, ge=1, description="Parallel decode+sample tasks (1 CPU each)")
     vlm_concurrency: int = Field(default=1, ge=1, description="VLM actors (each holds one engine)")
     vlm_batch_size: int = Field(default=4, ge=1, description="Segments per generate call")
-    vlm_num_gpus: float = Field(default=0.0, ge=0, description="GPUs per transformers actor (0 on CPU)")
+    vlm_num_gpus: float | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs each transformers actor reserves in Ray; unset: 1 when the cluster has GPUs and "
+        "device is not cpu, else 0",
+    )
+    decode_resources: dict[str, float] = Field(
+        default={}, description="Ray custom resources each decode task requires (pins decoding to some nodes)"
+    )
+    vlm_resources: dict[str, float] = Field(
+        default={}, description="Ray custom resources each VLM actor requires (pins the engines to some nodes)"
+    )
     max_new_tokens: int = Field(default=128, ge=1)
     tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor parallel size")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)

@@ -77,3 +77,13 @@ def test_evaluation_automation_rescores_after_new_events(instance):
         defs=defs, instance=instance, asset_selection=evaluation, cursor=second.cursor
     )
     assert third.get_num_requested(AssetKey("eval_scores")) == 0  # requested once, not on every tick
+
+
+def test_engine_steps_share_one_pool_limited_by_the_instance(instance):
+    from video_assets.defs.common import ACCELERATOR_POOL
+
+    graph = defs.resolve_asset_graph()
+    pooled = {k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).pools == {ACCELERATOR_POOL}}
+    assert pooled == {"captions", "structured_events", "promotion_decisions"}
+    # The checked-in instance config (the fixture's) caps the pool at one step at a time.
+    assert instance.get_concurrency_config().pool_config.default_pool_limit == 1

@@ -25,6 +25,8 @@ from video_assets.core.previews import markdown_table
 from video_assets.core.tables import KEYS, SCHEMAS, required_columns
 
 OWNERS = ["team:video-platform"]
+# Steps that hold a model engine: limited together by the instance (dagster.yaml `concurrency.pools`).
+ACCELERATOR_POOL = "accelerator"
 PACKAGE = Path(__file__).resolve().parents[1]
 
 # The source each stage's assets run, relative to video_assets/: a change to any of these files is a

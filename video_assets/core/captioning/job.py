@@ -26,10 +26,14 @@ class EngineSpec:
     """Everything an actor needs to build its engine; plain data so it ships to remote workers."""
 
     name: str  # transformers | vllm
-    model_path: str
+    model_path: str  # the step's download; used where it exists (same node or a shared filesystem)
     device: str = "auto"
     batch_size: int = 4
     max_new_tokens: int = 128
+    # Elsewhere the actor downloads the registered artifact into its node's cache, once per node.
+    artifact_uri: str | None = None
+    cache_dir: str = ""
+    tracking_uri: str | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class JobSpec:
     vlm_concurrency: int = 1
     vlm_num_gpus: float = 0.0
     vllm: dict[str, Any] = field(default_factory=dict)  # vLLM settings when engine.name == "vllm"
+    # Ray custom resources each decode task / VLM actor requires (pin a stage to some nodes).
+    cpu_resources: dict[str, float] = field(default_factory=dict)
+    vlm_resources: dict[str, float] = field(default_factory=dict)
 
 
 @ray.remote(num_cpus=0)
@@ -82,9 +89,15 @@ def decode_and_sample(row: dict, sampling: SamplingConfig, sink) -> list[dict]:
             "frame_timestamps": [float(t) for t in seg.timestamps],
             "frames": seg.frames,
             "decode_s": decode_s,
+            "decode_node": _node_id(),
         }
         for seg in sampled.segments
     ]
+
+
+def _node_id() -> str:
+    """The Ray node this code runs on (reported per stage: where the work actually ran)."""
+    return ray.get_runtime_context().get_node_id()
 
 
 def _ids(row: dict) -> dict:
@@ -94,9 +107,11 @@ def _ids(row: dict) -> dict:
 def build_engine(spec: EngineSpec):
     if spec.name == "transformers":
         from video_assets.core.captioning.transformers_engine import TransformersEngine
+        from video_assets.core.inference.model_cache import local_model
 
+        path = local_model(spec.model_path, spec.artifact_uri, spec.cache_dir, spec.tracking_uri)
         return TransformersEngine(
-            spec.model_path, device=spec.device, batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens
+            path, device=spec.device, batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens
         )
     raise ValueError(f"engine {spec.name!r} does not run inside a CaptionStage actor")
 
@@ -108,6 +123,7 @@ class CaptionStage:
         self.engine = build_engine(engine)
         self.prompt = prompt
         self.max_new_tokens = engine.max_new_tokens
+        self.node = _node_id()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         from video_assets.core.captioning.requests import CaptionRequest
@@ -129,8 +145,18 @@ class CaptionStage:
         out: dict[str, list] = {k: [] for k in RESULT_COLUMNS}
         for i, req in enumerate(requests):
             resp = responses.get(req.request_id)
-            for k in ("video_id", "batch_key", "uri", "segment", "segment_start_s", "segment_end_s", "decode_s"):
+            for k in (
+                "video_id",
+                "batch_key",
+                "uri",
+                "segment",
+                "segment_start_s",
+                "segment_end_s",
+                "decode_s",
+                "decode_node",
+            ):
                 out[k].append(batch[k][i])
+            out["engine_node"].append(self.node)
             out["frame_timestamps"].append(list(req.timestamps))
             out["prose"].append(resp.text if resp else "")
             out["input_tokens"].append(resp.input_tokens if resp else 0)
@@ -159,6 +185,8 @@ RESULT_COLUMNS = [
     "latency_s",
     "status",
     "error",
+    "decode_node",  # Ray node ids of the two stages: not table columns, reported in the metadata
+    "engine_node",
 ]
 
 
@@ -178,6 +206,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
         fn_kwargs={"sampling": spec.sampling, "sink": sink},
         compute=ray.data.TaskPoolStrategy(size=spec.cpu_concurrency),
         num_cpus=1,
+        **({"resources": spec.cpu_resources} if spec.cpu_resources else {}),
     )
     if spec.engine.name == "vllm":
         from video_assets.core.captioning.vllm_engine import build_vllm_processor_for_job
@@ -191,6 +220,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             compute=ray.data.ActorPoolStrategy(size=spec.vlm_concurrency),
             num_gpus=spec.vlm_num_gpus or None,
             num_cpus=1,
+            **({"resources": spec.vlm_resources} if spec.vlm_resources else {}),
         )
     for row in ds.iter_rows():
         yield {k: row.get(k) for k in RESULT_COLUMNS}

@@ -132,7 +132,7 @@ def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=No
 
 # -- the captioning job's vLLM stage (see video_assets.captioning.caption_rows) -----------------------
 
-_CARRIED = ("video_id", "batch_key", "uri", "segment", "segment_start_s", "segment_end_s", "decode_s")
+_CARRIED = ("video_id", "batch_key", "uri", "segment", "segment_start_s", "segment_end_s", "decode_s", "decode_node")
 
 
 def _job_result(row: dict[str, Any]) -> dict[str, Any]:

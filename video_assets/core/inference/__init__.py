@@ -40,14 +40,16 @@ def cuda_visible() -> bool:
         return False
 
 
-def choose_engine_name(requested: str | None) -> str:
-    """Which engine runs. ``"auto"``/None -> ``"vllm"`` only when vLLM is importable AND a CUDA GPU is visible here, else
-    ``"transformers"``. An explicit ``"transformers"`` or ``"vllm"`` is returned as asked (the vLLM
-    stage may run on cluster GPUs this process cannot see); anything else is a ValueError.
+def choose_engine_name(requested: str | None, gpus: float | None = None) -> str:
+    """Which engine runs. ``"auto"``/None -> ``"vllm"`` only when vLLM is importable AND GPUs are there:
+    ``gpus`` of the Ray cluster when the caller knows it, else a CUDA GPU visible to this process.
+    An explicit ``"transformers"`` or ``"vllm"`` is returned as asked (the vLLM stage may run on
+    cluster GPUs this process cannot see); anything else is a ValueError.
     """
     name = (requested or "auto").strip().lower()
     if name == "auto":
-        return "vllm" if vllm_importable() and cuda_visible() else "transformers"
+        has_gpus = gpus > 0 if gpus is not None else cuda_visible()
+        return "vllm" if vllm_importable() and has_gpus else "transformers"
     if name not in ENGINE_NAMES:
         raise ValueError(f"unknown engine {requested!r}; expected auto, {' or '.join(ENGINE_NAMES)}")
     return name

@@ -15,7 +15,7 @@ from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
 from video_assets.core.vocabulary import CAPTION_ERROR
 from video_assets.defs.captioning.runner import engine_name, job_spec, run_captioning
-from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.ingest.assets import video_metadata
 from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, TINY_WARNING, caption_prompt, vlm_model
 from video_assets.defs.partitions import video_batches
@@ -61,6 +61,7 @@ def _skipped_rows(meta: pl.DataFrame) -> list[dict]:
 @asset(
     partitions_def=video_batches,
     deps=[video_metadata, vlm_model, caption_prompt],
+    pool=ACCELERATOR_POOL,
     **stage_asset("captioning", CAPTIONS, kinds=("ray", "mlflow")),
 )
 def captions(
@@ -98,7 +99,15 @@ def captions(
     done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), model_version, prompt.version)
     good = meta.filter(pl.col("ok"))
     todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
-    spec = job_spec(config.sampling(), vlm, engine, model_path, prompt.template)
+    spec = job_spec(
+        config.sampling(),
+        vlm,
+        engine,
+        model_path,
+        prompt.template,
+        artifact_uri=mlflow_registry.artifact_uri(vlm.registered_model, vlm.alias),
+        tracking_uri=mlflow_registry.tracking_uri,
+    )
     context.log.info(
         f"batch {batch}: {todo.height} videos to caption, {good.height - todo.height} cached, "
         f"{meta.height - good.height} rejected by the probe"
@@ -134,6 +143,7 @@ def captions(
             "job_wall_s": MetadataValue.float(round(wall_s, 3)),
             "cpu_stage_s": MetadataValue.float(round(cpu_s, 3)),
             "engine_busy_s": MetadataValue.float(round(engine_s, 3)),
+            "ray_nodes": MetadataValue.json(stats["nodes"]),
             "output_tokens": MetadataValue.int(int(out.get_column("output_tokens").sum() or 0)),
         },
     )

@@ -19,12 +19,38 @@ from video_assets.core.vocabulary import CAPTION_OK
 WRITE_EVERY = 32  # rows per Delta merge: a crash loses at most this much work
 
 
+def cluster_gpus() -> float | None:
+    """GPUs of the Ray cluster this process is connected to; None when Ray is not started here."""
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0)) if ray.is_initialized() else None
+
+
 def engine_name(vlm: VlmSettings) -> str:
-    return choose_engine_name(vlm.engine)
+    """``auto`` asks the cluster, not this process: a CPU-only orchestrator may drive GPU workers."""
+    return choose_engine_name(vlm.engine, gpus=cluster_gpus())
 
 
-def job_spec(sampling: SamplingConfig, vlm: VlmSettings, engine: str, model_path, prompt_template: str) -> JobSpec:
-    """The Ray job of a captioning run; a plan vLLM cannot honour is a Failure before anything starts."""
+def actor_gpus(vlm: VlmSettings, engine: str) -> float:
+    """GPUs a transformers actor reserves, so Ray counts what it uses (vLLM places its own engines)."""
+    if engine != "transformers":
+        return 0.0
+    if vlm.vlm_num_gpus is not None:
+        return vlm.vlm_num_gpus
+    return 1.0 if vlm.device != "cpu" and (cluster_gpus() or 0) > 0 else 0.0
+
+
+def job_spec(
+    sampling: SamplingConfig,
+    vlm: VlmSettings,
+    engine: str,
+    model_path,
+    prompt_template: str,
+    artifact_uri: str | None = None,
+    tracking_uri: str | None = None,
+) -> JobSpec:
+    """The Ray job of a captioning run; a plan vLLM cannot honour is a Failure before anything starts.
+    ``artifact_uri``: the registered model, for actors on nodes that do not see ``model_path``."""
     vllm_settings = vlm.vllm_settings(str(model_path))
     if engine == "vllm":
         try:
@@ -33,11 +59,22 @@ def job_spec(sampling: SamplingConfig, vlm: VlmSettings, engine: str, model_path
             raise Failure(str(exc)) from exc
     return JobSpec(
         sampling=sampling,
-        engine=EngineSpec(engine, str(model_path), vlm.device, vlm.vlm_batch_size, vlm.max_new_tokens),
+        engine=EngineSpec(
+            engine,
+            str(model_path),
+            vlm.device,
+            vlm.vlm_batch_size,
+            vlm.max_new_tokens,
+            artifact_uri=artifact_uri,
+            cache_dir=vlm.cache_dir,
+            tracking_uri=tracking_uri,
+        ),
         prompt=prompt_template,
         cpu_concurrency=vlm.cpu_concurrency,
         vlm_concurrency=vlm.vlm_concurrency,
-        vlm_num_gpus=vlm.vlm_num_gpus,
+        vlm_num_gpus=actor_gpus(vlm, engine),
+        cpu_resources=dict(vlm.decode_resources),
+        vlm_resources=dict(vlm.vlm_resources),
         vllm=vllm_settings.model_dump(),
     )
 
@@ -50,6 +87,7 @@ def run_captioning(
     started = time.perf_counter()
     pending = list(pending or [])
     written = cpu_s = engine_s = 0.0
+    nodes: dict[str, set[str]] = {"decode": set(), "engine": set()}  # Ray node ids each stage ran on
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     for n_rows, row in enumerate(caption_rows(videos, spec) if videos else [], start=1):
         name = row["uri"].rsplit("/", 1)[-1]
@@ -61,12 +99,21 @@ def run_captioning(
             log.warning(f"[{n_rows}] {name}: {row['error']}")
         cpu_s += row.get("decode_s") or 0.0
         engine_s += row.get("engine_s") or 0.0
+        for stage in nodes:
+            if row.get(f"{stage}_node"):
+                nodes[stage].add(row[f"{stage}_node"])
         pending.append(row)
         if len(pending) >= WRITE_EVERY:
             written += _write(tables, pending, stamp)
             pending = []
     written += _write(tables, pending, stamp)
-    return {"written": written, "wall_s": time.perf_counter() - started, "cpu_s": cpu_s, "engine_s": engine_s}
+    return {
+        "written": written,
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": cpu_s,
+        "engine_s": engine_s,
+        "nodes": {k: sorted(v) for k, v in nodes.items()},
+    }
 
 
 def _write(tables: DeltaTables, rows: list[dict], stamp: dict) -> int:

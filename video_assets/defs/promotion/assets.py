@@ -46,7 +46,7 @@ from video_assets.core.tables import (
     to_arrow,
 )
 from video_assets.defs.captioning.runner import engine_name, job_spec, run_captioning
-from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.evaluation.assets import eval_scores, golden_set
 from video_assets.defs.evaluation.runner import evaluate_candidate, golden_rows
 from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, CHALLENGER, caption_prompt, vlm_model
@@ -87,7 +87,15 @@ def _ensure_captions(
         prompt = registry.load_prompt(CAPTION_PROMPT_NAME, prompt_alias)
         engine = engine_name(vlm)
         sampling = SamplingConfig(min_frames=cfg.min_frames, max_frames=cfg.max_frames)
-        spec = job_spec(sampling, vlm, engine, path, prompt.template)
+        spec = job_spec(
+            sampling,
+            vlm,
+            engine,
+            path,
+            prompt.template,
+            artifact_uri=registry.artifact_uri(vlm.registered_model, model_alias),
+            tracking_uri=registry.tracking_uri,
+        )
         stamp = {"model_name": vlm.registered_model, "model_version": mv, "prompt_version": pv, "engine": engine}
         stats = run_captioning(context.log, tables, todo, spec, stamp)
         _report(
@@ -121,6 +129,7 @@ def _ensure_structured(context, tables, settings, uc, path, ids, mv, pv, sid) ->
 @asset(
     deps=[eval_scores, golden_set, vlm_model, caption_prompt],
     output_required=False,  # no challenger: nothing decided, nothing materialised
+    pool=ACCELERATOR_POOL,
     **stage_asset("promotion", PROMOTIONS, kinds=("mlflow", "ray")),
 )
 def promotion_decisions(

@@ -15,7 +15,7 @@ from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import pending_captions, structuring_versions
 from video_assets.core.tables import KEYS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.captioning.assets import captions
-from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.runner import (
@@ -32,7 +32,10 @@ class StructuredEventsConfig(Config):
 
 
 @asset(
-    partitions_def=video_batches, deps=[captions], **stage_asset("structuring", STRUCTURED_EVENTS, kinds=("mlflow",))
+    partitions_def=video_batches,
+    deps=[captions],
+    pool=ACCELERATOR_POOL,
+    **stage_asset("structuring", STRUCTURED_EVENTS, kinds=("mlflow",)),
 )
 def structured_events(
     context: AssetExecutionContext,

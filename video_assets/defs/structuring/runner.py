@@ -14,6 +14,7 @@ from video_assets.core.inference import choose_engine_name
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
 from video_assets.core.tables import CAPTIONS, SCHEMAS
+from video_assets.defs.captioning.runner import cluster_gpus
 
 
 def structurer_id(settings: StructurerSettings, model_name: str, model_version: str) -> str:
@@ -23,7 +24,7 @@ def structurer_id(settings: StructurerSettings, model_name: str, model_version: 
 def make_structurer(settings: StructurerSettings, captioner_path: Path | str):
     """The engine for ``settings`` (the captioning model's folder when model is 'captioner')."""
     model = str(captioner_path) if settings.model == CAPTIONER else settings.model
-    if choose_engine_name(settings.engine) == "vllm":
+    if choose_engine_name(settings.engine, gpus=cluster_gpus()) == "vllm":
         from video_assets.core.structuring.engines import VllmStructurer
 
         return VllmStructurer(settings.vllm_settings(model))

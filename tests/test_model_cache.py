@@ -1,0 +1,65 @@
+"""A Ray actor on a node without the step's model folder downloads the registered artifact itself,
+once per node: concurrent actors wait on one download."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import TINY_MODEL_SOURCE
+from video_assets.core.inference.model_cache import local_model
+
+# An "actor" in its own process: counts real downloads in a shared file, then resolves the model.
+ACTOR = """
+import json, sys
+import mlflow.artifacts
+real = mlflow.artifacts.download_artifacts
+def counting(**kw):
+    with open(sys.argv[3], "a") as f:
+        f.write("download\\n")
+    return real(**kw)
+mlflow.artifacts.download_artifacts = counting
+from video_assets.core.inference.model_cache import local_model
+print(json.dumps(local_model("/nonexistent/model", sys.argv[1], sys.argv[2], sys.argv[4])))
+"""
+
+
+@pytest.fixture(scope="module")
+def registered(tiny_model_cache, tmp_path_factory):
+    root = tmp_path_factory.mktemp("registry")
+    reg = MlflowRegistry(tracking_uri=f"sqlite:///{root}/mlflow.db", artifact_root=str(root / "art"))
+    reg.register_model_folder(tiny_model_cache / TINY_MODEL_SOURCE, "captioner", "production", "tiny", "fp-1")
+    return reg, reg.artifact_uri("captioner", "production")
+
+
+def test_concurrent_actors_download_once(registered, tmp_path):
+    reg, uri = registered
+    counter = tmp_path / "downloads.txt"
+    node_cache = tmp_path / "node"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ACTOR, uri, str(node_cache), str(counter), reg.tracking_uri],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    paths = {json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(paths) == 1 and (Path(paths.pop()) / "config.json").exists()
+    assert counter.read_text().count("download") == 1
+    # Later actors on this node find it complete without any download.
+    assert local_model("/nonexistent/model", uri, str(node_cache)).startswith(str(node_cache))
+    assert counter.read_text().count("download") == 1
+
+
+def test_the_steps_own_folder_wins_where_it_exists(registered, tmp_path, tiny_model_cache):
+    _, uri = registered
+    here = str(tiny_model_cache / TINY_MODEL_SOURCE)
+    assert local_model(here, uri, str(tmp_path)) == here
+    assert not (tmp_path / "node-models").exists()
+    with pytest.raises(FileNotFoundError, match="not on this node and no artifact URI"):
+        local_model("/nonexistent/model", None, str(tmp_path))

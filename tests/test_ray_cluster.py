@@ -1,0 +1,198 @@
+"""A real two-node Ray cluster on 127.0.0.1 (a head and a worker with its own custom resource),
+started by the test: a captions materialisation through RAY_ADDRESS runs its decode stage on the
+worker and its VLM actor on the head, with this product's code shipped by the runtime_env.
+Every process the test starts is stopped by PID."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from dagster import materialize
+from dagster_ray import LocalRay
+
+from resources.mlflow_registry import MlflowRegistry
+from resources.settings import ray_init_options
+from resources.vlm import VlmSettings
+from tests.conftest import copy_samples
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.ingest.assets import raw_videos, video_metadata
+from video_assets.defs.ingest.registration import register_new_files
+from video_assets.defs.models.assets import caption_prompt, vlm_model
+from video_assets.defs.partitions import video_batches
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cluster_processes(temp_dir: str) -> list[psutil.Process]:
+    """Every process of this cluster: each Ray process names its session folder under temp_dir."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(temp_dir in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    # A short folder: Ray's unix sockets live under it and their paths are length-limited.
+    temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
+    port = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    try:
+        subprocess.run(
+            [
+                RAY,
+                "start",
+                "--head",
+                f"--port={port}",
+                f"--temp-dir={temp_dir}",
+                "--num-cpus=1",
+                "--include-dashboard=false",
+                "--resources",
+                json.dumps({"head_node": 1}),
+                *common,
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [
+                RAY,
+                "start",
+                f"--address=127.0.0.1:{port}",
+                "--num-cpus=2",
+                "--resources",
+                json.dumps({"video_worker": 4}),
+                *common,
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        yield f"127.0.0.1:{port}", temp_dir
+    finally:
+        for proc in _cluster_processes(temp_dir):
+            proc.kill()
+        deadline = time.monotonic() + 30
+        while _cluster_processes(temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _cluster_processes(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        assert not left, f"Ray processes still alive: {[p.pid for p in left]}"
+
+
+def _node_ids(address: str) -> dict[str, str]:
+    import ray
+
+    ray.init(address=address)
+    try:
+        by_resource = {}
+        for node in ray.nodes():
+            if node["Alive"]:
+                for name in ("head_node", "video_worker"):
+                    if name in node["Resources"]:
+                        by_resource[name] = node["NodeID"]
+        return by_resource
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_captions_run_on_both_nodes_with_shipped_code(
+    two_node_cluster, instance, resources, volume_dir, tiny_model_cache, tmp_path, monkeypatch
+):
+    address, _ = two_node_cluster
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    init = ray_init_options()
+    shipped = init["runtime_env"]["py_modules"]
+    assert {Path(p).name for p in shipped} == {"video_assets", "resources"}
+
+    copy_samples(volume_dir, ["realshort.mp4", "asl_eat.mkv"])
+    res = {
+        **resources,
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "a")
+        ),
+        "vlm": VlmSettings(
+            cache_dir=str(tiny_model_cache),
+            engine="transformers",
+            max_new_tokens=6,
+            vlm_batch_size=2,
+            decode_resources={"video_worker": 1},
+            vlm_resources={"head_node": 1},
+        ),
+        "ray_cluster": LocalRay(ray_init_options=init),
+    }
+    plan = register_new_files(res["volume"], res["tables"])
+    [key] = plan.batches
+    instance.add_dynamic_partitions(video_batches.name, [key])
+    assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+    assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
+    result = materialize(
+        [captions, vlm_model, caption_prompt, raw_videos, video_metadata],
+        selection=[captions],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"captions": {"config": {"max_frames": 4, "min_frames": 2}}}},
+    )
+    assert result.success
+    meta = result.asset_materializations_for_node("captions")[0].metadata
+    assert meta["error_rows"].value == 0 and meta["rows_written"].value == 2
+
+    nodes = _node_ids(address)
+    assert set(nodes) == {"head_node", "video_worker"} and nodes["head_node"] != nodes["video_worker"]
+    ran_on = meta["ray_nodes"].value
+    assert ran_on == {"decode": [nodes["video_worker"]], "engine": [nodes["head_node"]]}
+
+
+DRIVER = """
+import json, ray
+from resources.settings import ray_init_options
+
+ray.init(**ray_init_options())
+
+@ray.remote(resources={"video_worker": 1})
+def where():
+    import resources, video_assets
+    return video_assets.__file__, resources.__file__
+
+print(json.dumps(ray.get(where.remote(), timeout=120)))
+ray.shutdown()
+"""
+
+
+def test_code_is_shipped_by_the_runtime_env(two_node_cluster, monkeypatch):
+    """A worker imports this product from the uploaded py_modules. The driver runs outside the
+    checkout, so nothing but the runtime_env can put the checkout's copy on the worker's path."""
+    address, temp_dir = two_node_cluster
+    env = {**os.environ, "RAY_ADDRESS": address, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER], cwd=temp_dir, env=env, capture_output=True, text=True, timeout=300, check=True
+    )
+    files = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all("runtime_resources" in f and "py_modules_files" in f for f in files), files
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    monkeypatch.setenv("RAY_SHIP_CODE", "0")
+    assert "runtime_env" not in ray_init_options()
