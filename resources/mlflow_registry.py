@@ -71,7 +71,9 @@ class MlflowRegistry(ConfigurableResource):
         location = None
         if self.artifact_root:
             location = self.artifact_root.rstrip("/") + f"/{name}"
-            if "://" not in location:
+            # A URI has a scheme: s3://..., but also mlflow-artifacts:/... (a server's proxied store),
+            # which has no "://" and was once made into a local folder named "mlflow-artifacts:".
+            if not _has_scheme(location):
                 Path(location).mkdir(parents=True, exist_ok=True)
                 location = Path(location).resolve().as_uri()
         return client.create_experiment(name, artifact_location=location)
@@ -258,6 +260,12 @@ class MlflowRegistry(ConfigurableResource):
     def load_prompt(self, name: str, alias: str) -> RegisteredPrompt:
         pv = self.client().load_prompt(f"prompts:/{name}@{alias}")
         return RegisteredPrompt(name, int(pv.version), alias, pv.template, created=False)
+
+
+def _has_scheme(location: str) -> bool:
+    """``s3://b/p``, ``file:///p``, ``mlflow-artifacts:/p`` yes; ``/p``, ``rel/p``, ``C:\\p`` no."""
+    scheme, sep, _ = location.partition(":")
+    return bool(sep) and len(scheme) > 1 and scheme.replace("-", "").replace("+", "").replace(".", "").isalnum()
 
 
 @contextmanager

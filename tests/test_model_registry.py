@@ -63,3 +63,19 @@ def test_an_unreachable_hub_model_fails_with_a_clear_message(tmp_path, monkeypat
     vlm = VlmSettings(cache_dir=str(tmp_path), model_source="Qwen/Qwen2.5-VL-7B-Instruct")
     with pytest.raises(RuntimeError, match="could not fetch model 'Qwen/Qwen2.5-VL-7B-Instruct'"):
         vlm.materialize_source()
+
+
+def test_artifact_root_uris_are_kept_and_folders_made_absolute(tmp_path, monkeypatch):
+    # mlflow-artifacts:/ (a tracking server's proxied store) has no "://": it once became a local folder.
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowRegistry(tracking_uri=db).client()
+    for root, expected in [
+        ("mlflow-artifacts:/video-assets", "mlflow-artifacts:/video-assets/e1"),
+        ("s3://bucket/mlflow/", "s3://bucket/mlflow/e2"),
+        ("local-art", (tmp_path / "local-art" / "e3").as_uri()),
+    ]:
+        name = expected.rstrip("/").rsplit("/", 1)[1]
+        exp_id = MlflowRegistry(tracking_uri=db, artifact_root=root).experiment_id(name)
+        assert client.get_experiment(exp_id).artifact_location == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local-art", "mlflow.db"]

@@ -1,14 +1,18 @@
 """Videos in a bucket: sampling and probing read an S3 object through ranged reads (moto's S3 server
 on 127.0.0.1), give the same frames as the local file, and close every stream they open."""
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow.fs as pafs
 import pytest
 
@@ -104,3 +108,212 @@ def test_probe_reads_the_object(bucket):
     remote = probe_file(f"s3://{bucket}/{CLIP}", (BUNDLED / CLIP).stat().st_size)
     local = probe_file(str(BUNDLED / CLIP), (BUNDLED / CLIP).stat().st_size)
     assert remote.ok and remote == local
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid``, from every thread's /proc children list."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _stop(proc: subprocess.Popen) -> list[int]:
+    """Stop ``proc`` and every process under it, each by PID (children first, so none is re-parented
+    and missed; SIGKILL after 20 s); returns the PIDs."""
+    pids, frontier = [proc.pid], [proc.pid]
+    while frontier:
+        kids = _children(frontier.pop())
+        pids += kids
+        frontier += kids
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in reversed(pids):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            continue
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(p) for p in pids[1:]):
+            time.sleep(0.2)
+        if not any(_alive(p) for p in pids[1:]):
+            break
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def mlflow_server(bucket, s3_endpoint, tmp_path):
+    """``mlflow server`` on loopback: runs and registries in SQLite, artifacts proxied into the bucket."""
+    exe = shutil.which("mlflow", path=str(Path(sys.executable).parent))
+    port = _free_port()
+    # The server writes to the bucket with boto3, which takes the endpoint from AWS_ENDPOINT_URL (set by
+    # the bucket fixture): MLflow's own MLFLOW_S3_ENDPOINT_URL is not needed.
+    env = dict(os.environ)
+    cmd = [
+        exe,
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path}/mlflow.db",
+        "--artifacts-destination",
+        f"s3://{bucket}/mlartifacts",
+    ]
+    log = open(tmp_path / "mlflow-server.log", "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, whatever *_proxy says
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"mlflow server exited: {(tmp_path / 'mlflow-server.log').read_text()[-2000:]}")
+            try:
+                with no_proxy.open(f"{url}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not answer /health within 90 s")
+        yield url
+    finally:
+        pids = _stop(proc)
+        log.close()
+        assert proc.poll() is not None
+        assert not [p for p in pids if _alive(p)], "an mlflow server process outlived the test"
+
+
+@pytest.mark.slow
+def test_the_whole_graph_on_s3_and_an_mlflow_server(bucket, mlflow_server, instance, tiny_model, tmp_path):
+    """Uploads in a bucket, every Delta table in the same bucket, MLflow behind a server whose
+    artifacts are in that bucket: sensor -> per-batch graph -> evaluation, all read back from s3://."""
+    from dagster import SensorResult, build_sensor_context, materialize
+    from dagster_ray import LocalRay
+    from mlflow import MlflowClient
+
+    from resources.delta import DeltaTables
+    from resources.mlflow_registry import MlflowRegistry
+    from resources.structurer import StructurerSettings
+    from resources.vlm import VlmSettings
+    from resources.volume import VideoVolume
+    from video_assets.defs.captioning.assets import captions
+    from video_assets.defs.evaluation.assets import eval_scores, golden_set
+    from video_assets.defs.ingest.assets import raw_videos, video_metadata
+    from video_assets.defs.ingest.sensors import upload_sensor
+    from video_assets.defs.models.assets import CAPTION_PROMPT_FILE, CAPTION_PROMPT_NAME, caption_prompt, vlm_model
+    from video_assets.defs.routing.assets import routed_events
+    from video_assets.defs.structuring.assets import structured_events
+
+    clips = ["realshort.mp4", "asl_eat.mkv", "bottle-detection.mp4"]
+    fs, _ = pafs.FileSystem.from_uri(f"s3://{bucket}")
+    for name in clips:
+        with fs.open_output_stream(f"{bucket}/videos/{name}") as out:
+            out.write((BUNDLED / name).read_bytes())
+    res = {
+        "volume": VideoVolume(uri=f"s3://{bucket}/videos"),
+        "tables": DeltaTables(root_uri=f"s3://{bucket}/tables"),
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=mlflow_server, artifact_root="mlflow-artifacts:/video-assets", ui_url=mlflow_server
+        ),
+        # A fresh cache: the steps must download the registered model back through the server.
+        "vlm": VlmSettings(
+            model_source=str(tiny_model),
+            cache_dir=str(tmp_path / "cache"),
+            engine="transformers",
+            max_new_tokens=8,
+            vlm_batch_size=2,
+        ),
+        "structurer": StructurerSettings(device="cpu"),
+        "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+    }
+
+    tick = upload_sensor(build_sensor_context(instance=instance, resources={k: res[k] for k in ("volume", "tables")}))
+    assert isinstance(tick, SensorResult) and len(tick.run_requests) == 1
+    for req in tick.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    key = tick.run_requests[0].partition_key
+
+    assert materialize([vlm_model, caption_prompt, golden_set], instance=instance, resources=res).success
+    assert materialize(
+        [raw_videos, video_metadata, captions, structured_events, routed_events],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"captions": {"config": {"max_frames": 4, "min_frames": 2}}}},
+    ).success
+    assert materialize(
+        [eval_scores],
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"eval_scores": {"config": {"bootstrap": 20}}}},
+    ).success
+
+    # Every table read back from the bucket with polars (delta-rs takes the AWS_* variables).
+    def read(name):
+        return pl.read_delta(f"s3://{bucket}/tables/{name}", storage_options=options)
+
+    options = {  # explicit options work as well as the environment (polars hands them to delta-rs)
+        "aws_endpoint_url": os.environ["AWS_ENDPOINT_URL"],
+        "aws_access_key_id": "testing",
+        "aws_secret_access_key": "testing",
+        "aws_region": "us-east-1",
+        "aws_allow_http": "true",
+    }
+
+    raw = read("raw_videos")
+    assert sorted(raw["uri"].str.split("/").list.last()) == sorted(clips)
+    assert all(u.startswith(f"s3://{bucket}/videos/") for u in raw["uri"])
+    assert read("video_metadata").height == len(clips)
+    caps = read("captions")
+    assert caps.filter(pl.col("status") == "ok").height > 0
+    events = read("structured_events")
+    assert set(events["video_id"]) == set(caps["video_id"]) and events.height == caps.height
+    scores = read("eval_scores")
+    assert scores.height >= 1
+
+    client = MlflowClient(tracking_uri=mlflow_server, registry_uri=mlflow_server)
+    run = client.get_run(scores["mlflow_run_id"][0])
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"confusion.png", "scores.json"}
+    vlm = res["vlm"]
+    version = client.get_model_version_by_alias(vlm.registered_model, vlm.alias)
+    assert version.source.startswith("mlflow-artifacts:/")
+    stored = [
+        f.path
+        for f in fs.get_file_info(pafs.FileSelector(f"{bucket}/mlartifacts", recursive=True))
+        if f.type == pafs.FileType.File
+    ]
+    assert any(p.endswith("/model/config.json") for p in stored)
+    assert any(p.endswith("/confusion.png") for p in stored)
+    assert (tmp_path / "cache" / "registry" / f"{vlm.registered_model}-v{version.version}" / ".complete").exists()
+    prompt = client.load_prompt(f"prompts:/{CAPTION_PROMPT_NAME}@{vlm.alias}")
+    assert prompt.template == CAPTION_PROMPT_FILE.read_text().strip()
+
+    # The tables resource's other operations over S3: a missing table, versions, maintenance, deletes.
+    tables = res["tables"]
+    assert not tables.exists("no_such_table") and tables.version("no_such_table") is None
+    assert tables.read("no_such_table").is_empty()
+    assert tables.exists("captions") and tables.version("captions") >= 0
+    assert tables.maintain("captions")["table"] == "captions"
+    tables.delete("routed_events_probe", "true")  # a missing table: nothing to do
+    first = raw["video_id"][0]
+    tables.delete("video_metadata", f"video_id = '{first}'")
+    assert first not in set(read("video_metadata")["video_id"]) and read("video_metadata").height == len(clips) - 1
