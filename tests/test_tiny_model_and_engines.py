@@ -79,6 +79,20 @@ def test_tiny_model_is_labelled_small_and_idempotent(tiny_model, tmp_path):
     assert (copy / "model.safetensors").read_bytes() == (tiny_model / "model.safetensors").read_bytes()
 
 
+def test_the_vllm_variant_has_32_wide_heads_and_a_video_processor_file(tiny_model, tmp_path):
+    from tests.fixtures.tiny_models import build_tiny_vlm_for_vllm
+
+    with pytest.raises(ValueError, match="variant"):
+        build_tiny_qwen25_vl(tmp_path / "x", text_config={"num_attention_heads": 2})
+    folder = build_tiny_vlm_for_vllm(tmp_path / "vllm")
+    text = json.loads((folder / "config.json").read_text())["text_config"]
+    assert text["hidden_size"] // text["num_attention_heads"] == 32
+    assert 2 * sum(text["rope_parameters"]["mrope_section"]) == 32
+    video = json.loads((folder / "video_preprocessor_config.json").read_text())
+    assert video == json.loads((folder / "processor_config.json").read_text())["video_processor"]
+    assert not (tiny_model / "video_preprocessor_config.json").exists(), "the demo model is unchanged"
+
+
 def test_tiny_model_loads_with_auto_classes_and_wires_special_tokens(tiny_model):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 

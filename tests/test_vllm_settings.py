@@ -36,6 +36,24 @@ def test_caption_settings_reach_the_processor():
     assert cfg.engine_kwargs["max_model_len"] == 16384 and cfg.engine_kwargs["tensor_parallel_size"] == 2
 
 
+def test_gpu_defaults_and_the_cpu_build_settings_reach_the_processor():
+    from video_assets.core.inference.vllm import VllmSettings
+
+    gpu = processor_config(VllmSettings(model_source="m"))
+    assert gpu.placement_group_config is None and gpu.log_engine_metrics is True and gpu.runtime_env is None
+    cpu = processor_config(
+        VllmSettings(
+            model_source="m",
+            placement_group_config={"bundles": [{"CPU": 1}]},
+            log_engine_metrics=False,
+            env_vars={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        ),
+        multimodal=False,
+    )
+    assert cpu.placement_group_config["bundles"] == [{"CPU": 1, "GPU": 0}] and cpu.log_engine_metrics is False
+    assert cpu.runtime_env == {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
+
+
 def test_more_frames_than_the_video_loader_keeps_is_refused():
     vlm = VlmSettings(cache_dir="/tmp")
     ok = job_spec(SamplingConfig(max_frames=vlm.max_video_frames), vlm, "vllm", "/m", "describe")

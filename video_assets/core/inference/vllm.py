@@ -34,6 +34,16 @@ class VllmSettings(BaseModel):
     jpeg_quality: int = Field(default=90, ge=1, le=100, description="Frames cross Ray as JPEG at this quality")
     should_continue_on_error: bool = Field(default=True, description="A failed row gets an error, not a failed job")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args (override)")
+    # Where the engine runs. None: Ray's default, one GPU per worker. vLLM's CPU build needs
+    # {"bundles": [{"CPU": 1}]} (scripts/vllm_cpu_check.py).
+    placement_group_config: dict[str, Any] | None = Field(default=None, description="Ray placement group of an engine")
+    log_engine_metrics: bool = Field(
+        default=True, description="vLLM metrics through Ray's Prometheus endpoint (needs ray[serve] installed)"
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description='Environment of the processor\'s workers, e.g. {"VLLM_CPU_KVCACHE_SPACE": "1"}',
+    )
 
 
 def engine_kwargs(settings: VllmSettings, multimodal: bool = True) -> dict[str, Any]:
@@ -85,6 +95,9 @@ def processor_config(settings: VllmSettings, multimodal: bool = True):
         batch_size=settings.batch_size,
         accelerator_type=settings.accelerator_type,
         should_continue_on_error=settings.should_continue_on_error,
+        placement_group_config=settings.placement_group_config,
+        log_engine_metrics=settings.log_engine_metrics,
+        runtime_env={"env_vars": dict(settings.env_vars)} if settings.env_vars else None,
         chat_template_stage=True,
         **stages,
     )

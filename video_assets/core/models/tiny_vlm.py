@@ -148,27 +148,30 @@ def _is_complete(dest: Path, seed: int, variant: str | None = None) -> bool:
     return all((dest / name).is_file() for name in info.get("files", []))
 
 
-def build_tiny_qwen25_vl(dest: str | Path, seed: int = 0, variant: str | None = None, customize=None) -> Path:
+def build_tiny_qwen25_vl(
+    dest: str | Path, seed: int = 0, variant: str | None = None, customize=None, text_config: dict | None = None
+) -> Path:
     """Build (or reuse) the tiny random Qwen2.5-VL in ``dest`` and return its path.
 
     ``customize(model, tokenizer, special_ids)`` edits the weights before saving (tests pin a token
-    preference this way); ``variant`` names that edit, so builds with different edits never reuse
-    each other's folder.
+    preference this way); ``text_config`` overrides entries of the language model's config (tests
+    widen the attention heads for vLLM this way); ``variant`` names the edit, so builds with different
+    edits never reuse each other's folder. Without either, the demo model.
 
     Loadable with ``AutoProcessor.from_pretrained(dest)`` and
     ``AutoModelForImageTextToText.from_pretrained(dest)``. Deterministic for a given ``seed``, so the
     folder's content fingerprint is stable. Building takes a few seconds; an existing complete build
     of the same version, seed and variant is returned untouched.
     """
-    if (variant is None) != (customize is None):
-        raise ValueError("variant and customize go together")
+    if (variant is None) != (customize is None and text_config is None):
+        raise ValueError("variant goes with customize and/or text_config")
     dest = Path(dest).expanduser().resolve()
     if _is_complete(dest, seed, variant):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.building-", dir=dest.parent))
     try:
-        _build_into(tmp, seed, variant, customize)
+        _build_into(tmp, seed, variant, customize, text_config)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the built model is ordinary shared data
         if _is_complete(dest, seed, variant):  # someone else finished first
             return dest
@@ -213,7 +216,9 @@ def _train_tokenizer():
     return model["vocab"], merges
 
 
-def _build_into(folder: Path, seed: int, variant: str | None = None, customize=None) -> None:
+def _build_into(
+    folder: Path, seed: int, variant: str | None = None, customize=None, text_config_overrides: dict | None = None
+) -> None:
     import torch
     from transformers import (
         Qwen2_5_VLConfig,
@@ -260,6 +265,7 @@ def _build_into(folder: Path, seed: int, variant: str | None = None, customize=N
         use_sliding_window=False,
         max_window_layers=2,
     )
+    text_config.update(text_config_overrides or {})
     vision_config = dict(
         depth=2,
         hidden_size=32,
