@@ -242,3 +242,31 @@ def test_a_separate_text_model_structures_too(tmp_path, uc, pinned_models):
     # The same weights as the pinned VLM: the same answers, through the causal-LM path.
     assert [r["status"] for r in rows] == ["parsed"] * 3 + ["no_caption"]
     assert {r["verdict"] for r in rows[:3]} == {"confirmed"}
+
+
+def _timeless(rows):
+    return [{k: v for k, v in r.items() if k != "latency_s"} for r in rows]
+
+
+def test_speculative_retry_gives_the_same_rows_in_one_call(engines, uc):
+    """An engine with one lifetime per call (vLLM through Ray Data) gets the retry requests with the
+    first pass; the rows are the same as with a second call."""
+    engine = engines["none"]
+    calls = []
+    real = engine.generate
+
+    def counting(requests):
+        calls.append(len(requests))
+        return real(requests)
+
+    engine.generate = counting
+    try:
+        capped = _timeless(structure_captions(engine, uc, CAPTIONS, 6, 8))  # 6 tokens: every first pass fails
+        engine.speculative_retry = True
+        assert _timeless(structure_captions(engine, uc, CAPTIONS, 6, 8)) == capped
+    finally:
+        engine.speculative_retry = False
+        del engine.generate
+    ok = sum(c["status"] == "ok" for c in CAPTIONS)
+    assert calls == [ok, ok, 2 * ok]  # two calls, then one with first pass + retries
+    assert {r["status"] for r in capped} <= {"retried", "unparsed", "no_caption"}

@@ -62,3 +62,27 @@ def test_more_frames_than_the_video_loader_keeps_is_refused():
         job_spec(SamplingConfig(max_frames=40), vlm, "vllm", "/m", "describe")
     # The transformers engine has no such loader: the same plan is fine there.
     assert job_spec(SamplingConfig(max_frames=40), vlm, "transformers", "/m", "describe").sampling.max_frames == 40
+
+
+def test_structuring_starts_ray_only_when_vllm_may_run(tiny_model, monkeypatch):
+    """The Ray resource is connected for vLLM (asked for, or auto with vLLM installed), never for the
+    transformers engine: the CPU default's structuring step does not start Ray."""
+    import video_assets.defs.structuring.runner as runner
+    from video_assets.core.structuring.engines import TransformersStructurer, VllmStructurer
+
+    calls = []
+
+    def connect():
+        calls.append(1)
+        return 0.0
+
+    engine = runner.make_structurer(StructurerSettings(engine="transformers", device="cpu"), tiny_model, connect)
+    assert isinstance(engine, TransformersStructurer) and calls == []
+    assert isinstance(runner.make_structurer(StructurerSettings(engine="vllm"), tiny_model, connect), VllmStructurer)
+    assert calls == [1]
+    monkeypatch.setattr(runner, "vllm_importable", lambda: False)
+    runner.make_structurer(StructurerSettings(engine="auto", device="cpu"), tiny_model, connect)
+    assert calls == [1]  # auto without vLLM: no Ray
+    monkeypatch.setattr(runner, "vllm_importable", lambda: True)
+    auto = runner.make_structurer(StructurerSettings(engine="auto", device="cpu"), tiny_model, connect)
+    assert calls == [1, 1] and isinstance(auto, TransformersStructurer)  # the cluster has no GPU

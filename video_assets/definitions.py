@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dagster import Definitions
 from dagster_ray import LocalRay
+from dagster_ray.configs import Lifecycle
 
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
@@ -46,6 +47,8 @@ def build_resources() -> dict:
         ),
         # Connects to RAY_ADDRESS when set (ray.init reads it); an embedded local Ray otherwise.
         "ray_cluster": LocalRay(ray_init_options=ray_init_options()),
+        # The same, connected only when a step asks (structuring starts Ray only for the vLLM engine).
+        "ray_on_demand": LocalRay(ray_init_options=ray_init_options(), lifecycle=Lifecycle(connect=False)),
     }
 
 

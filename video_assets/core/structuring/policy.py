@@ -41,6 +41,10 @@ class StructureResponse:
 
 
 class Structurer(Protocol):
+    # True for engines whose start-up dominates (vLLM through Ray Data: one engine lifetime per call):
+    # the retry requests then go out with the first pass, in one call, and are used only where needed.
+    speculative_retry: bool
+
     def generate(self, requests: list[StructureRequest]) -> list[StructureResponse]: ...
 
 
@@ -61,8 +65,24 @@ def structure_captions(
         msgs = uc_mod.messages(uc, c["prose"], c.get("segment_start_s"), c.get("segment_end_s"))
         first.append((i, StructureRequest(f"{i}", msgs, schema, max_new_tokens)))
 
+    def retry_request(i: int) -> StructureRequest:
+        return StructureRequest(
+            f"{i}:retry",
+            uc_mod.classify_messages(uc, captions[i]["prose"]),
+            uc_mod.classify_schema(),
+            retry_max_new_tokens,
+        )
+
+    speculative: dict[int, StructureResponse] = {}
+    if getattr(engine, "speculative_retry", False) and first:
+        both = engine.generate([r for _, r in first] + [retry_request(i) for i, _ in first])
+        first_responses = both[: len(first)]
+        speculative = {i: resp for (i, _), resp in zip(first, both[len(first) :])}
+    else:
+        first_responses = engine.generate([r for _, r in first])
+
     retry: list[tuple[int, StructureResponse, str, StructureRequest]] = []
-    for (i, _), resp in zip(first, engine.generate([r for _, r in first])):
+    for (i, _), resp in zip(first, first_responses):
         record, why = (None, f"request failed: {resp.error}") if resp.error else uc_mod.parse(uc, resp.text)
         if record is not None:
             results[i] = _row(
@@ -77,15 +97,10 @@ def structure_captions(
                 latency_s=resp.latency_s,
             )
         else:
-            req = StructureRequest(
-                f"{i}:retry",
-                uc_mod.classify_messages(uc, captions[i]["prose"]),
-                uc_mod.classify_schema(),
-                retry_max_new_tokens,
-            )
-            retry.append((i, resp, why, req))
+            retry.append((i, resp, why, retry_request(i)))
 
-    for (i, resp, why, _), again in zip(retry, engine.generate([r for *_, r in retry])):
+    agains = [speculative[i] for i, *_ in retry] if speculative else engine.generate([r for *_, r in retry])
+    for (i, resp, why, _), again in zip(retry, agains):
         verdict, why2 = (None, f"request failed: {again.error}") if again.error else uc_mod.parse_verdict(again.text)
         common = dict(
             attempts=2,

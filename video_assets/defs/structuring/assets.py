@@ -5,6 +5,7 @@ from pathlib import Path
 
 import polars as pl
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, MetadataValue, asset
+from dagster_ray import RayResource
 from pydantic import Field
 
 from resources.delta import DeltaTables
@@ -15,6 +16,7 @@ from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import pending_captions, structuring_versions
 from video_assets.core.tables import KEYS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.captioning.assets import captions
+from video_assets.defs.captioning.runner import cluster_gpus
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
@@ -31,6 +33,13 @@ class StructuredEventsConfig(Config):
     restructure: bool = Field(default=False, description="Structure again captions already structured by this version")
 
 
+def _connect(context, ray: RayResource) -> float:
+    """Start (or join) Ray through the resource, now that vLLM may run; the cluster's GPU count."""
+    if not ray.connected:
+        ray.connect(context)
+    return cluster_gpus() or 0.0
+
+
 @asset(
     partitions_def=video_batches,
     deps=[captions],
@@ -44,6 +53,7 @@ def structured_events(
     structurer: StructurerSettings,
     mlflow_registry: MlflowRegistry,
     tables: DeltaTables,
+    ray_on_demand: RayResource,
 ) -> MaterializeResult:
     """One row per caption and use case: verdict, confidence and timed events, decoded under the use
     case's JSON schema (xgrammar on CPU, vLLM structured outputs on GPU). A failed parse gets one
@@ -83,7 +93,7 @@ def structured_events(
                 if structurer.model == CAPTIONER
                 else None
             )
-            engine = make_structurer(structurer, path)
+            engine = make_structurer(structurer, path, connect_ray=lambda: _connect(context, ray_on_demand))
             context.log.info(f"structuring with {sid} on {getattr(engine, 'name', '?')}")
         rows = structure_rows(engine, structurer, uc, todo, sid, context.log)
         tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])
