@@ -53,19 +53,12 @@ def volume_dir(tmp_path) -> Path:
 
 @pytest.fixture
 def resources(volume_dir, dagster_home):
-    from dagster_ray import LocalRay
-    from dagster_ray.configs import Lifecycle
-
     from resources.delta import DeltaTables
     from resources.volume import VideoVolume
 
     return {
         "volume": VideoVolume(uri=str(volume_dir), batch_size=50),
         "tables": DeltaTables(root_uri=str(dagster_home / "tables")),
-        # As in definitions.py: Ray for the structuring step only when vLLM may run.
-        "ray_on_demand": LocalRay(
-            ray_init_options={"include_dashboard": False, "num_cpus": 2}, lifecycle=Lifecycle(connect=False)
-        ),
     }
 
 

@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 from dagster import SkipReason, build_sensor_context, materialize
 from dagster_ray import LocalRay
+from dagster_ray.configs import Lifecycle
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
@@ -59,6 +60,8 @@ def _resources(base, tmp_path, model_source=None, cache=None, **structurer):
         ),
         "structurer": StructurerSettings(device="cpu", **structurer),
         "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        # As in definitions.py: Ray for the structuring step only when vLLM may run.
+        "ray_on_demand": LocalRay(ray_init_options={"include_dashboard": False}, lifecycle=Lifecycle(connect=False)),
     }
 
 
