@@ -29,6 +29,9 @@ class StructurerSettings(ConfigurableResource):
     tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM")
     max_model_len: int = Field(default=8192, ge=256, description="vLLM")
+    vllm_cpu_stage_max_actors: int = Field(
+        default=4, ge=1, description="vLLM: each of Ray's CPU stages (chat template, tokenize) scales up to this"
+    )
 
     def vllm_settings(self, model_source: str) -> VllmSettings:
         return VllmSettings(
@@ -38,4 +41,5 @@ class StructurerSettings(ConfigurableResource):
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_model_len=self.max_model_len,
             max_new_tokens=self.max_new_tokens,
+            cpu_stage_max_actors=self.vllm_cpu_stage_max_actors,
         )

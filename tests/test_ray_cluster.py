@@ -196,3 +196,37 @@ def test_code_is_shipped_by_the_runtime_env(two_node_cluster, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", address)
     monkeypatch.setenv("RAY_SHIP_CODE", "0")
     assert "runtime_env" not in ray_init_options()
+
+
+@pytest.mark.slow
+def test_the_model_is_placed_on_every_node(two_node_cluster, tiny_model_cache, tmp_path, monkeypatch):
+    """vLLM and Ray's CPU stages open the model by path wherever Ray puts them: the step's folder when
+    every node sees it, else one node-local download per node at the same path (a task per node)."""
+    import ray
+
+    from resources.vlm import TINY_MODEL_SOURCE
+    from video_assets.core.inference.model_cache import ModelFiles, node_cache_path, place_on_every_node
+
+    address, _ = two_node_cluster
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    reg = MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art"))
+    reg.register_model_folder(tiny_model_cache / TINY_MODEL_SOURCE, "captioner", "production", "tiny", "fp-1")
+    uri = reg.artifact_uri("captioner", "production")
+    nodes = set(_node_ids(address).values())
+    ray.init(**ray_init_options())
+    try:
+        here = str(tiny_model_cache / TINY_MODEL_SOURCE)
+        shared = place_on_every_node(ModelFiles(here, uri, str(tmp_path / "cache"), reg.tracking_uri))
+        assert shared.path == here and shared.nodes == dict.fromkeys(nodes, "present")
+
+        # The step's folder is on no node: each node fetches the artifact into the same node-local path.
+        # Both nodes share this machine's disk, so one downloads and the other finds it done (the lock).
+        placed = place_on_every_node(ModelFiles("/nonexistent/model", uri, str(tmp_path / "cache"), reg.tracking_uri))
+        assert placed.path.startswith(str(node_cache_path(uri, str(tmp_path / "cache"))))
+        assert (Path(placed.path) / "config.json").exists()
+        assert set(placed.nodes) == nodes and sorted(placed.nodes.values()) == ["downloaded", "present"]
+
+        with pytest.raises(FileNotFoundError, match="not on every Ray node and no artifact URI"):
+            place_on_every_node(ModelFiles("/nonexistent/model"))
+    finally:
+        ray.shutdown()

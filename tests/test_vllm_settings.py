@@ -6,6 +6,7 @@ from dagster import Failure
 
 from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
+from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import processor_config
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.defs.captioning.runner import job_spec
@@ -36,6 +37,29 @@ def test_caption_settings_reach_the_processor():
     assert cfg.engine_kwargs["max_model_len"] == 16384 and cfg.engine_kwargs["tensor_parallel_size"] == 2
 
 
+def test_cpu_stages_scale_beyond_one_actor():
+    """Ray's CPU stages would otherwise run as one actor each (the engines' concurrency)."""
+    from ray.llm._internal.batch.stages import configs as stage_configs
+
+    kinds = {
+        "chat_template_stage": stage_configs.ChatTemplateStageConfig,
+        "prepare_multimodal_stage": stage_configs.PrepareMultimodalStageConfig,
+        "tokenize_stage": stage_configs.TokenizerStageConfig,
+        "detokenize_stage": stage_configs.DetokenizeStageConfig,
+    }
+
+    caption = processor_config(VlmSettings(cache_dir="/tmp", vllm_cpu_stage_max_actors=6).vllm_settings("m"))
+    text = processor_config(StructurerSettings().vllm_settings("m"), multimodal=False)
+    for cfg, stages in (
+        (caption, ("chat_template_stage", "prepare_multimodal_stage")),
+        (text, ("chat_template_stage", "tokenize_stage", "detokenize_stage")),
+    ):
+        assert cfg.concurrency == 1
+        for stage in stages:
+            resolved = stage_configs.resolve_stage_config(getattr(cfg, stage), kinds[stage], {"concurrency": 1})
+            assert resolved.enabled and resolved.concurrency == ((1, 6) if cfg is caption else (1, 4)), stage
+
+
 def test_gpu_defaults_and_the_cpu_build_settings_reach_the_processor():
     from video_assets.core.inference.vllm import VllmSettings
 
@@ -56,12 +80,12 @@ def test_gpu_defaults_and_the_cpu_build_settings_reach_the_processor():
 
 def test_more_frames_than_the_video_loader_keeps_is_refused():
     vlm = VlmSettings(cache_dir="/tmp")
-    ok = job_spec(SamplingConfig(max_frames=vlm.max_video_frames), vlm, "vllm", "/m", "describe")
+    ok = job_spec(SamplingConfig(max_frames=vlm.max_video_frames), vlm, "vllm", ModelFiles("/m"), "describe")
     assert ok.vllm["max_video_frames"] == vlm.max_video_frames
     with pytest.raises(Failure, match="max_frames=40 exceeds the 32 frames"):
-        job_spec(SamplingConfig(max_frames=40), vlm, "vllm", "/m", "describe")
+        job_spec(SamplingConfig(max_frames=40), vlm, "vllm", ModelFiles("/m"), "describe")
     # The transformers engine has no such loader: the same plan is fine there.
-    assert job_spec(SamplingConfig(max_frames=40), vlm, "transformers", "/m", "describe").sampling.max_frames == 40
+    assert job_spec(SamplingConfig(max_frames=40), vlm, "transformers", ModelFiles("/m"), "describe").sampling.max_frames == 40
 
 
 def test_structuring_starts_ray_only_when_vllm_may_run(tiny_model, monkeypatch):

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import ray
 
+from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig, sample_video
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
@@ -26,14 +27,12 @@ class EngineSpec:
     """Everything an actor needs to build its engine; plain data so it ships to remote workers."""
 
     name: str  # transformers | vllm
-    model_path: str  # the step's download; used where it exists (same node or a shared filesystem)
+    # The step's download, used where it exists (same node or a shared filesystem); elsewhere the
+    # registered artifact, downloaded into the node's cache once per node.
+    model: ModelFiles
     device: str = "auto"
     batch_size: int = 4
     max_new_tokens: int = 128
-    # Elsewhere the actor downloads the registered artifact into its node's cache, once per node.
-    artifact_uri: str | None = None
-    cache_dir: str = ""
-    tracking_uri: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,11 +106,9 @@ def _ids(row: dict) -> dict:
 def build_engine(spec: EngineSpec):
     if spec.name == "transformers":
         from video_assets.core.captioning.transformers_engine import TransformersEngine
-        from video_assets.core.inference.model_cache import local_model
 
-        path = local_model(spec.model_path, spec.artifact_uri, spec.cache_dir, spec.tracking_uri)
         return TransformersEngine(
-            path, device=spec.device, batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens
+            spec.model.here(), device=spec.device, batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens
         )
     raise ValueError(f"engine {spec.name!r} does not run inside a CaptionStage actor")
 
@@ -210,8 +207,11 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     )
     if spec.engine.name == "vllm":
         from video_assets.core.captioning.vllm_engine import build_vllm_processor_for_job
+        from video_assets.core.inference.model_cache import place_on_every_node
 
-        ds = build_vllm_processor_for_job(ds, spec)
+        # vLLM and Ray's CPU stages open the model by path on whichever node Ray puts them.
+        model = place_on_every_node(spec.engine.model).path
+        ds = build_vllm_processor_for_job(ds, replace(spec, vllm={**spec.vllm, "model_source": model}))
     else:
         ds = ds.map_batches(
             CaptionStage,

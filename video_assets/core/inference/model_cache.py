@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 COMPLETE = ".complete"  # written last: a folder without it is a download that did not finish
@@ -26,10 +27,16 @@ def model_dir(root: Path) -> Path:
 def download_once(artifact_uri: str, target: Path, tracking_uri: str | None = None) -> Path:
     """``artifact_uri`` downloaded into ``target`` exactly once per machine, whoever asks first;
     returns the model folder inside it."""
+    return _download_once(artifact_uri, target, tracking_uri)[0]
+
+
+def _download_once(artifact_uri: str, target: Path, tracking_uri: str | None) -> tuple[Path, bool]:
+    """The model folder, and whether this call downloaded it."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    downloaded = False
     if (target / COMPLETE).exists():
-        return model_dir(target)
+        return model_dir(target), downloaded
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         if not (target / COMPLETE).exists():
@@ -43,7 +50,13 @@ def download_once(artifact_uri: str, target: Path, tracking_uri: str | None = No
             shutil.rmtree(target, ignore_errors=True)
             partial.rename(target)
             (target / COMPLETE).touch()
-    return model_dir(target)
+            downloaded = True
+    return model_dir(target), downloaded
+
+
+def node_cache_path(artifact_uri: str, cache_dir: str) -> Path:
+    """Where a node keeps its own download of ``artifact_uri``: the same path on every node."""
+    return Path(cache_dir) / "node-models" / hashlib.sha256(artifact_uri.encode()).hexdigest()[:16]
 
 
 def local_model(model_path: str, artifact_uri: str | None, cache_dir: str, tracking_uri: str | None = None) -> str:
@@ -53,5 +66,72 @@ def local_model(model_path: str, artifact_uri: str | None, cache_dir: str, track
         return model_path
     if not artifact_uri:
         raise FileNotFoundError(f"model folder {model_path} is not on this node and no artifact URI was given")
-    key = hashlib.sha256(artifact_uri.encode()).hexdigest()[:16]
-    return str(download_once(artifact_uri, Path(cache_dir) / "node-models" / key, tracking_uri))
+    return str(download_once(artifact_uri, node_cache_path(artifact_uri, cache_dir), tracking_uri))
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A registered model's files: the step's own download (``path``) and the artifact any other node
+    downloads into its ``cache_dir``. Plain data, so it ships to Ray workers."""
+
+    path: str
+    artifact_uri: str | None = None
+    cache_dir: str = ""
+    tracking_uri: str | None = None
+
+    def here(self) -> str:
+        """A folder with the model on the machine running this (downloading it once if needed)."""
+        return local_model(self.path, self.artifact_uri, self.cache_dir, self.tracking_uri)
+
+
+@dataclass
+class Placement:
+    """Where an engine that opens the model by path on any node can find it."""
+
+    path: str  # the same on every node
+    nodes: dict[str, str] = field(default_factory=dict)  # Ray node id -> "present" | "downloaded"
+
+
+def _has_model(path: str) -> bool:
+    return (Path(path) / "config.json").exists()
+
+
+def _download_here(files: ModelFiles) -> tuple[str, bool]:
+    path, downloaded = _download_once(
+        files.artifact_uri or "", node_cache_path(files.artifact_uri or "", files.cache_dir), files.tracking_uri
+    )
+    return str(path), downloaded
+
+
+def place_on_every_node(files: ModelFiles) -> Placement:
+    """One model path valid on every alive Ray node, for engines Ray places by itself that open the
+    model by path wherever they land (vLLM, and Ray Data LLM's chat-template and multimodal stages).
+
+    The step's own folder when every node sees it (one machine, or a shared filesystem); else each
+    node downloads the artifact once into the same node-local path (``node_cache_path``), under the
+    file lock of ``download_once``. Nodes that join the cluster later are not covered: give an
+    autoscaling cluster a shared ``VLM_CACHE_DIR``."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+
+    def on_every_node(fn, arg):
+        task = ray.remote(num_cpus=0, max_retries=2)(fn)  # a download is idempotent: retry a lost node task
+        refs = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(arg)
+            for node in nodes
+        ]
+        return dict(zip(nodes, ray.get(refs)))
+
+    if all(on_every_node(_has_model, files.path).values()):
+        return Placement(files.path, {node: "present" for node in nodes})
+    if not files.artifact_uri:
+        raise FileNotFoundError(
+            f"model folder {files.path} is not on every Ray node and no artifact URI was given to download it there"
+        )
+    got = on_every_node(_download_here, files)
+    paths = {path for path, _ in got.values()}
+    if len(paths) != 1:  # same artifact, same cache_dir: only a differing layout could cause this
+        raise RuntimeError(f"the model landed in different folders on different nodes: {sorted(paths)}")
+    return Placement(paths.pop(), {node: "downloaded" if fresh else "present" for node, (_, fresh) in got.items()})

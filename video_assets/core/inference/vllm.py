@@ -28,6 +28,11 @@ class VllmSettings(BaseModel):
     max_video_frames: int = Field(default=32, ge=1)
     concurrency: int = Field(default=1, ge=1, description="vLLM engine replicas (each tensor_parallel_size GPUs)")
     batch_size: int = Field(default=16, ge=1, description="Rows per Ray Data batch sent to an engine")
+    # Ray's CPU stages (chat template, multimodal parsing, tokenize/detokenize) default to the engines'
+    # concurrency, i.e. one actor each: too few to keep an engine fed with video requests.
+    cpu_stage_max_actors: int = Field(
+        default=4, ge=1, description="Each of Ray's CPU stages autoscales from 1 to this many actors"
+    )
     max_new_tokens: int = Field(default=256, ge=1, description="Ceiling on max_tokens per request")
     accelerator_type: str | None = Field(default=None, description='e.g. "H100"; None lets Ray place anywhere')
     dtype: str = "auto"
@@ -69,12 +74,13 @@ def processor_config(settings: VllmSettings, multimodal: bool = True):
     from ray.data.llm import vLLMEngineProcessorConfig
 
     kwargs = engine_kwargs(settings, multimodal)
+    cpu_stage = {"enabled": True, "concurrency": (1, settings.cpu_stage_max_actors)}
     stages: dict[str, Any]
     if multimodal:
         stages = dict(
             # vLLM's own chat parser turns the OpenAI video_url part into frames + the model's placeholder.
             prepare_multimodal_stage={
-                "enabled": True,
+                **cpu_stage,
                 "model_config_kwargs": {
                     "limit_mm_per_prompt": kwargs["limit_mm_per_prompt"],
                     "max_model_len": kwargs["max_model_len"],
@@ -87,7 +93,7 @@ def processor_config(settings: VllmSettings, multimodal: bool = True):
             detokenize_stage=False,
         )
     else:
-        stages = dict(tokenize_stage=True, detokenize_stage=True)
+        stages = dict(tokenize_stage=dict(cpu_stage), detokenize_stage=dict(cpu_stage))
     return vLLMEngineProcessorConfig(
         model_source=settings.model_source,
         engine_kwargs=kwargs,
@@ -98,7 +104,7 @@ def processor_config(settings: VllmSettings, multimodal: bool = True):
         placement_group_config=settings.placement_group_config,
         log_engine_metrics=settings.log_engine_metrics,
         runtime_env={"env_vars": dict(settings.env_vars)} if settings.env_vars else None,
-        chat_template_stage=True,
+        chat_template_stage=dict(cpu_stage),
         **stages,
     )
 

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from video_assets.core.inference import vllm
+from video_assets.core.inference.model_cache import ModelFiles, place_on_every_node
 from video_assets.core.structuring.policy import StructureRequest, StructureResponse
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,9 @@ class VllmStructurer:
     name = "vllm"
     speculative_retry = True
 
-    def __init__(self, settings: vllm.VllmSettings):
+    def __init__(self, settings: vllm.VllmSettings, model: ModelFiles | None = None):
         self.settings = settings
+        self.model = model  # a registered model: placed on every node before the engine starts
 
     def generate(self, requests: list[StructureRequest]) -> list[StructureResponse]:
         if not requests:
@@ -122,8 +124,11 @@ class VllmStructurer:
         import ray
         from ray.data.llm import build_processor
 
+        settings = self.settings
+        if self.model is not None:
+            settings = settings.model_copy(update={"model_source": place_on_every_node(self.model).path})
         processor = build_processor(
-            vllm.processor_config(self.settings, multimodal=False),
+            vllm.processor_config(settings, multimodal=False),
             preprocess=lambda row: {**row, "sampling_params": json.loads(row["sampling_params_json"])},
             postprocess=lambda row: {REQUEST_KEY: row[REQUEST_KEY], **vllm.output_columns(row)},
         )

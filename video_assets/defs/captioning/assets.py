@@ -1,7 +1,5 @@
 """Captioning stage asset: one Ray Data job per batch, model and prompt resolved through MLflow aliases."""
 
-from pathlib import Path
-
 import polars as pl
 from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 from dagster_ray import RayResource
@@ -14,7 +12,7 @@ from video_assets.core.captioning.versions import caption_versions, captioned_ok
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
 from video_assets.core.vocabulary import CAPTION_ERROR
-from video_assets.defs.captioning.runner import engine_name, job_spec, run_captioning
+from video_assets.defs.captioning.runner import engine_name, job_spec, registered_model_files, run_captioning
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.ingest.assets import video_metadata
 from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, TINY_WARNING, caption_prompt, vlm_model
@@ -80,9 +78,7 @@ def captions(
     if meta.is_empty():
         raise Failure(f"video_metadata has no rows for batch {batch!r}: materialise it first")
     try:
-        model_path, model_version = mlflow_registry.download_model(
-            vlm.registered_model, vlm.alias, Path(vlm.cache_dir) / "registry"
-        )
+        model, model_version = registered_model_files(mlflow_registry, vlm, vlm.alias)
         prompt = mlflow_registry.load_prompt(CAPTION_PROMPT_NAME, vlm.alias)
     except Exception as exc:
         raise Failure(
@@ -99,15 +95,7 @@ def captions(
     done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), model_version, prompt.version)
     good = meta.filter(pl.col("ok"))
     todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
-    spec = job_spec(
-        config.sampling(),
-        vlm,
-        engine,
-        model_path,
-        prompt.template,
-        artifact_uri=mlflow_registry.artifact_uri(vlm.registered_model, vlm.alias),
-        tracking_uri=mlflow_registry.tracking_uri,
-    )
+    spec = job_spec(config.sampling(), vlm, engine, model, prompt.template)
     context.log.info(
         f"batch {batch}: {todo.height} videos to caption, {good.height - todo.height} cached, "
         f"{meta.height - good.height} rejected by the probe"

@@ -3,14 +3,17 @@ resources and run config, and the streaming write of its rows into the captions 
 
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import polars as pl
 from dagster import Failure
 
 from resources.delta import DeltaTables
+from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
 from video_assets.core.inference import choose_engine_name
+from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
@@ -40,18 +43,19 @@ def actor_gpus(vlm: VlmSettings, engine: str) -> float:
     return 1.0 if vlm.device != "cpu" and (cluster_gpus() or 0) > 0 else 0.0
 
 
+def registered_model_files(registry: MlflowRegistry, vlm: VlmSettings, alias: str) -> tuple[ModelFiles, str]:
+    """The version behind ``alias`` downloaded for this step, with what other nodes need to fetch it
+    themselves; and the version."""
+    path, version = registry.download_model(vlm.registered_model, alias, Path(vlm.cache_dir) / "registry")
+    uri = registry.artifact_uri(vlm.registered_model, alias)
+    return ModelFiles(str(path), uri, vlm.cache_dir, registry.tracking_uri), version
+
+
 def job_spec(
-    sampling: SamplingConfig,
-    vlm: VlmSettings,
-    engine: str,
-    model_path,
-    prompt_template: str,
-    artifact_uri: str | None = None,
-    tracking_uri: str | None = None,
+    sampling: SamplingConfig, vlm: VlmSettings, engine: str, model: ModelFiles, prompt_template: str
 ) -> JobSpec:
-    """The Ray job of a captioning run; a plan vLLM cannot honour is a Failure before anything starts.
-    ``artifact_uri``: the registered model, for actors on nodes that do not see ``model_path``."""
-    vllm_settings = vlm.vllm_settings(str(model_path))
+    """The Ray job of a captioning run; a plan vLLM cannot honour is a Failure before anything starts."""
+    vllm_settings = vlm.vllm_settings(model.path)
     if engine == "vllm":
         try:
             check_frames(vllm_settings, sampling.max_frames)
@@ -61,13 +65,10 @@ def job_spec(
         sampling=sampling,
         engine=EngineSpec(
             engine,
-            str(model_path),
+            model,
             vlm.device,
             vlm.vlm_batch_size,
             vlm.max_new_tokens,
-            artifact_uri=artifact_uri,
-            cache_dir=vlm.cache_dir,
-            tracking_uri=tracking_uri,
         ),
         prompt=prompt_template,
         cpu_concurrency=vlm.cpu_concurrency,

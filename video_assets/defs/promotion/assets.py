@@ -9,7 +9,6 @@ records the decision and moves the aliases."""
 
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 
 import polars as pl
 from dagster import (
@@ -31,6 +30,7 @@ from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_versions, captioned_ok
 from video_assets.core.evaluation.gate import GATED, decide
+from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import pending_captions, structuring_versions
@@ -45,7 +45,7 @@ from video_assets.core.tables import (
     VIDEO_METADATA,
     to_arrow,
 )
-from video_assets.defs.captioning.runner import engine_name, job_spec, run_captioning
+from video_assets.defs.captioning.runner import engine_name, job_spec, registered_model_files, run_captioning
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.evaluation.assets import eval_scores, golden_set
 from video_assets.defs.evaluation.runner import evaluate_candidate, golden_rows
@@ -75,9 +75,9 @@ def _report(context: AssetExecutionContext, asset_key: str, batches, **metadata)
 
 def _ensure_captions(
     context, tables, vlm, registry, videos: pl.DataFrame, model_alias, prompt_alias, mv, pv, cfg
-) -> Path:
-    """Caption the golden videos this (model, prompt) has not captioned yet; returns the model folder."""
-    path, _ = registry.download_model(vlm.registered_model, model_alias, Path(vlm.cache_dir) / "registry")
+) -> ModelFiles:
+    """Caption the golden videos this (model, prompt) has not captioned yet; returns the model's files."""
+    model, _ = registered_model_files(registry, vlm, model_alias)
     done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), mv, pv)
     todo = videos.filter(~pl.col("video_id").is_in(done))
     context.log.info(
@@ -87,15 +87,7 @@ def _ensure_captions(
         prompt = registry.load_prompt(CAPTION_PROMPT_NAME, prompt_alias)
         engine = engine_name(vlm)
         sampling = SamplingConfig(min_frames=cfg.min_frames, max_frames=cfg.max_frames)
-        spec = job_spec(
-            sampling,
-            vlm,
-            engine,
-            path,
-            prompt.template,
-            artifact_uri=registry.artifact_uri(vlm.registered_model, model_alias),
-            tracking_uri=registry.tracking_uri,
-        )
+        spec = job_spec(sampling, vlm, engine, model, prompt.template)
         stamp = {"model_name": vlm.registered_model, "model_version": mv, "prompt_version": pv, "engine": engine}
         stats = run_captioning(context.log, tables, todo, spec, stamp)
         _report(
@@ -106,15 +98,15 @@ def _ensure_captions(
             prompt_version=pv,
             rows_written=int(stats["written"]),
         )
-    return path
+    return model
 
 
-def _ensure_structured(context, tables, settings, uc, path, ids, mv, pv, sid) -> None:
+def _ensure_structured(context, tables, settings, uc, model: ModelFiles, ids, mv, pv, sid) -> None:
     caps = tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(caption_versions(mv, pv) & pl.col("video_id").is_in(ids))
     events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(structuring_versions(mv, pv, sid))
     todo = pending_captions(caps.to_dicts(), events, uc)
     if todo:
-        rows = structure_rows(make_structurer(settings, path), settings, uc, todo, sid, context.log)
+        rows = structure_rows(make_structurer(settings, model), settings, uc, todo, sid, context.log)
         tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])
         _report(
             context,

@@ -1,8 +1,6 @@
 """Structuring stage asset: structured_events (caption prose -> schema-conforming rows per use case),
 partitioned by upload batch; reruns are idempotent merges."""
 
-from pathlib import Path
-
 import polars as pl
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, MetadataValue, asset
 from dagster_ray import RayResource
@@ -16,7 +14,7 @@ from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import pending_captions, structuring_versions
 from video_assets.core.tables import KEYS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.runner import cluster_gpus
+from video_assets.defs.captioning.runner import cluster_gpus, registered_model_files
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
@@ -88,12 +86,10 @@ def structured_events(
         if not todo:
             continue
         if engine is None:
-            path = (
-                mlflow_registry.download_model(vlm.registered_model, vlm.alias, Path(vlm.cache_dir) / "registry")[0]
-                if structurer.model == CAPTIONER
-                else None
+            files = (
+                registered_model_files(mlflow_registry, vlm, vlm.alias)[0] if structurer.model == CAPTIONER else None
             )
-            engine = make_structurer(structurer, path, connect_ray=lambda: _connect(context, ray_on_demand))
+            engine = make_structurer(structurer, files, connect_ray=lambda: _connect(context, ray_on_demand))
             context.log.info(f"structuring with {sid} on {getattr(engine, 'name', '?')}")
         rows = structure_rows(engine, structurer, uc, todo, sid, context.log)
         tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])

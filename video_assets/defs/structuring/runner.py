@@ -11,6 +11,7 @@ from resources.delta import DeltaTables
 from resources.structurer import CAPTIONER, StructurerSettings
 from video_assets.core.captioning.versions import caption_versions
 from video_assets.core.inference import choose_engine_name, vllm_importable
+from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
 from video_assets.core.tables import CAPTIONS, SCHEMAS
@@ -21,13 +22,16 @@ def structurer_id(settings: StructurerSettings, model_name: str, model_version: 
     return f"{model_name}/v{model_version}" if settings.model == CAPTIONER else settings.model
 
 
-def make_structurer(settings: StructurerSettings, captioner_path: Path | str, connect_ray=None):
-    """The engine for ``settings`` (the captioning model's folder when model is 'captioner').
+def make_structurer(settings: StructurerSettings, captioner: ModelFiles | Path | str | None, connect_ray=None):
+    """The engine for ``settings`` (the captioning model's files when model is 'captioner').
 
     ``connect_ray()`` connects to Ray through the step's Ray resource and returns the cluster's GPU
     count; it is called only when vLLM could run (asked for, or ``auto`` with vLLM installed), so the
     CPU default never starts Ray for structuring. Without it, the GPUs this process sees decide."""
-    model = str(captioner_path) if settings.model == CAPTIONER else settings.model
+    files = captioner if isinstance(captioner, ModelFiles) or captioner is None else ModelFiles(str(captioner))
+    if settings.model == CAPTIONER and files is None:
+        raise ValueError("structuring with the captioning model needs its files")
+    model = files.path if settings.model == CAPTIONER else settings.model
     requested = (settings.engine or "auto").strip().lower()
     gpus = None
     if requested == "vllm" or (requested == "auto" and vllm_importable()):
@@ -35,7 +39,7 @@ def make_structurer(settings: StructurerSettings, captioner_path: Path | str, co
     if choose_engine_name(settings.engine, gpus=gpus) == "vllm":
         from video_assets.core.structuring.engines import VllmStructurer
 
-        return VllmStructurer(settings.vllm_settings(model))
+        return VllmStructurer(settings.vllm_settings(model), files if settings.model == CAPTIONER else None)
     from video_assets.core.structuring.engines import TransformersStructurer
 
     return TransformersStructurer(model, settings.device, settings.batch_size)
