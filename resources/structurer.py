@@ -1,9 +1,11 @@
 """Which use cases are structured, by which model, and within what bounds."""
 
+from typing import Any
+
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from video_assets.core.inference.vllm import VllmSettings
+from video_assets.core.inference.vllm import VllmSettings, with_overrides
 
 CAPTIONER = "captioner"  # structure with the captioning VLM itself (the version that wrote the caption)
 
@@ -33,8 +35,14 @@ class StructurerSettings(ConfigurableResource):
         default=4, ge=1, description="vLLM: each of Ray's CPU stages (chat template, tokenize) scales up to this"
     )
 
+    vllm_overrides: dict[str, Any] = Field(
+        default={},
+        description="vLLM: any other engine setting (video_assets.core.inference.vllm.VllmSettings), e.g. "
+        'placement_group_config={"bundles": [{"CPU": 1}]} for vLLM\'s CPU build; wins over the fields above',
+    )
+
     def vllm_settings(self, model_source: str) -> VllmSettings:
-        return VllmSettings(
+        settings = dict(
             model_source=model_source,
             tensor_parallel_size=self.tensor_parallel_size,
             batch_size=self.vllm_batch_size,
@@ -43,3 +51,4 @@ class StructurerSettings(ConfigurableResource):
             max_new_tokens=self.max_new_tokens,
             cpu_stage_max_actors=self.vllm_cpu_stage_max_actors,
         )
+        return with_overrides(settings, self.vllm_overrides)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from video_assets.core.inference.vllm import VllmSettings
+from video_assets.core.inference.vllm import VllmSettings, with_overrides
 from video_assets.core.models.tiny_vlm import TINY_MODEL_NAME
 
 # Built locally; random weights, nonsense captions.
@@ -70,9 +71,15 @@ class VlmSettings(ConfigurableResource):
         description="vLLM: each of Ray's CPU stages (chat template, video parsing) autoscales from 1 to this many actors",
     )
 
+    vllm_overrides: dict[str, Any] = Field(
+        default={},
+        description="vLLM: any other engine setting (video_assets.core.inference.vllm.VllmSettings), e.g. "
+        'placement_group_config={"bundles": [{"CPU": 1}]} for vLLM\'s CPU build; wins over the fields above',
+    )
+
     def vllm_settings(self, model_path: str) -> VllmSettings:
         """The vLLM engine settings of the captioning stage, for the model downloaded to ``model_path``."""
-        return VllmSettings(
+        settings = dict(
             model_source=model_path,
             tensor_parallel_size=self.tensor_parallel_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
@@ -86,6 +93,7 @@ class VlmSettings(ConfigurableResource):
             accelerator_type=self.accelerator_type,
             cpu_stage_max_actors=self.vllm_cpu_stage_max_actors,
         )
+        return with_overrides(settings, self.vllm_overrides)
 
     @property
     def is_tiny(self) -> bool:

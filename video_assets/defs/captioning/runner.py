@@ -55,12 +55,12 @@ def job_spec(
     sampling: SamplingConfig, vlm: VlmSettings, engine: str, model: ModelFiles, prompt_template: str
 ) -> JobSpec:
     """The Ray job of a captioning run; a plan vLLM cannot honour is a Failure before anything starts."""
-    vllm_settings = vlm.vllm_settings(model.path)
-    if engine == "vllm":
-        try:
+    try:
+        vllm_settings = vlm.vllm_settings(model.path)
+        if engine == "vllm":
             check_frames(vllm_settings, sampling.max_frames)
-        except ValueError as exc:
-            raise Failure(str(exc)) from exc
+    except ValueError as exc:
+        raise Failure(str(exc)) from exc
     return JobSpec(
         sampling=sampling,
         engine=EngineSpec(
