@@ -7,7 +7,7 @@ import stat as stat_mod
 from typing import IO
 
 import pyarrow.fs as pafs
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
 from video_assets.core.media.source import is_remote, resolve
@@ -46,6 +46,27 @@ class VideoVolume(ConfigurableResource):
     max_files_per_call: int = Field(
         default=500, ge=1, description="Most new files hashed per sensor tick; the rest wait for the next tick"
     )
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        # Before the step or sensor tick does any work: a missing volume is named as such, not
+        # reported as every file "missing".
+        self.check_reachable()
+
+    def check_reachable(self) -> None:
+        """A local volume must be a readable folder; raises ``VolumeUnavailable`` naming
+        VIDEO_VOLUME_URI otherwise. Object-store volumes are checked by their first listing."""
+        if is_remote(self.uri):
+            return
+        root = self.uri.removeprefix("file://")
+        try:
+            with os.scandir(root) as entries:
+                next(entries, None)
+        except OSError as exc:
+            what = "does not exist" if isinstance(exc, FileNotFoundError) else "is not a readable folder"
+            raise VolumeUnavailable(
+                f"the video volume {root} {what} ({exc.__class__.__name__}: {exc.strerror or exc}); "
+                "set VIDEO_VOLUME_URI to the folder or bucket of uploads"
+            ) from exc
 
     def _fs(self) -> tuple[pafs.FileSystem, str, bool]:
         if is_remote(self.uri):
@@ -171,6 +192,10 @@ class VideoVolume(ConfigurableResource):
     def content_hash(self, uri: str) -> str:
         with self.open(uri) as stream:
             return sha256_stream(stream)
+
+
+class VolumeUnavailable(RuntimeError):
+    """The volume cannot be listed; the message names the setting to fix."""
 
 
 class RefusedPath(PermissionError):
