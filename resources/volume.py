@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+from datetime import UTC, datetime
 from typing import IO
 
 import pyarrow.fs as pafs
@@ -134,7 +135,7 @@ class VideoVolume(ConfigurableResource):
                     refused.append(Refused(entry.path, "name is not valid UTF-8: not registered"))
                 elif entry.is_file(follow_symlinks=False):
                     st = entry.stat(follow_symlinks=False)
-                    files.append(VolumeFile(entry.path, st.st_size, st.st_mtime))
+                    files.append(VolumeFile(entry.path, st.st_size, _mtime(st.st_mtime_ns)))
                 else:  # a FIFO would block the hasher forever; devices and sockets are not uploads
                     refused.append(Refused(entry.path, "not a regular file (fifo, socket or device): not read"))
         return Listing(sorted(files, key=lambda f: f.uri), sorted(refused, key=lambda r: r.uri))
@@ -200,6 +201,12 @@ class VolumeUnavailable(RuntimeError):
 
 class RefusedPath(PermissionError):
     """A path this volume must not read: outside its root, a link, or not a regular file."""
+
+
+def _mtime(ns: int) -> float:
+    """Seconds as pyarrow's listing (used before) reports them, to the microsecond: the manifest's
+    fingerprints were made that way, and any other rounding makes a known file look new."""
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).timestamp()
 
 
 def _utf8(name: str) -> bool:

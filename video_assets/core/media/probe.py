@@ -107,6 +107,10 @@ def _probe_open(container) -> ProbeResult:
     if not container.streams.video:
         result.error = "no video stream"
         return result
+    if container.format.name == "image2" or container.format.name.endswith("_pipe"):
+        # FFmpeg opens a renamed JPEG/PNG as a one-frame "video": there is no timeline to caption.
+        result.error = f"a still image ({container.format.name}), not a video"
+        return result
     stream = container.streams.video[0]
     ctx = stream.codec_context
     result.video_codec = ctx.codec.canonical_name
