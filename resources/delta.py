@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from pydantic import Field
 
 COMMIT_RETRIES = 5  # concurrent runs of different batches may race on a commit; delta-rs reports it
+
+
+class TablesUnavailable(RuntimeError):
+    """The tables root cannot be written; the message names the setting to fix."""
 
 
 class DeltaTables(ConfigurableResource):
@@ -27,6 +33,27 @@ class DeltaTables(ConfigurableResource):
 
     def _options(self) -> dict[str, str] | None:
         return self.storage_options or None
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        # Before the step (or sensor tick) does any work: a root it cannot write fails now, not
+        # after every file is hashed and behind a "table not found".
+        self.check_writable()
+
+    def check_writable(self) -> None:
+        """A local root must exist (it is created) and take a file; raises ``TablesUnavailable``
+        naming VIDEO_TABLES_URI otherwise. Object-store roots are checked by their first request."""
+        if "://" in self.root_uri and not self.root_uri.startswith("file://"):
+            return
+        root = Path(self.root_uri.removeprefix("file://"))
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=root, prefix=".preflight-"):
+                pass
+        except OSError as exc:
+            raise TablesUnavailable(
+                f"the tables folder {root} is not writable ({exc.__class__.__name__}: {exc.strerror or exc}); "
+                "fix its permissions or set VIDEO_TABLES_URI to a writable folder or bucket"
+            ) from exc
 
     def exists(self, name: str) -> bool:
         return DeltaTable.is_deltatable(self.table_uri(name), storage_options=self._options())

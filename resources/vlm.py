@@ -109,8 +109,13 @@ class VlmSettings(ConfigurableResource):
         local = Path(self.model_source).expanduser()
         if local.exists():
             if not (local / "config.json").exists():
-                raise ValueError(f"model folder {local} has no config.json")
+                raise ValueError(f"model folder {local} has no config.json (VLM_MODEL_SOURCE)")
             return local.resolve(), f"local:{folder_digest(local)}"
+        if looks_like_path(self.model_source):  # a hub id is never absolute, ./relative or ~
+            raise FileNotFoundError(
+                f"model folder {local} does not exist; set VLM_MODEL_SOURCE to an existing folder of weights "
+                "(or a hub id)"
+            )
         from huggingface_hub import snapshot_download
 
         try:
@@ -125,6 +130,11 @@ class VlmSettings(ConfigurableResource):
                 f"{exc.__class__.__name__}: {exc}. Point VLM_MODEL_SOURCE at a local folder of weights when offline."
             ) from exc
         return path, f"hub:{self.model_source}@{path.name}"  # snapshot folders are named by commit
+
+
+def looks_like_path(source: str) -> bool:
+    """A model source meant as a local folder, not a hub id (``org/name``)."""
+    return source.startswith(("/", "./", "../", "~", ".\\")) or source in (".", "..") or "\\" in source
 
 
 def folder_digest(folder: Path) -> str:

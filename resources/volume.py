@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import stat as stat_mod
+from datetime import UTC, datetime
 from typing import IO
 
 import pyarrow.fs as pafs
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
 from video_assets.core.media.source import is_remote, resolve
-from video_assets.core.uploads.discovery import VolumeFile, sha256_stream
+from video_assets.core.uploads.discovery import Listing, Refused, VolumeFile, sha256_stream
 
 VIDEO_SUFFIXES = (
     ".mp4",
@@ -45,6 +48,27 @@ class VideoVolume(ConfigurableResource):
         default=500, ge=1, description="Most new files hashed per sensor tick; the rest wait for the next tick"
     )
 
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        # Before the step or sensor tick does any work: a missing volume is named as such, not
+        # reported as every file "missing".
+        self.check_reachable()
+
+    def check_reachable(self) -> None:
+        """A local volume must be a readable folder; raises ``VolumeUnavailable`` naming
+        VIDEO_VOLUME_URI otherwise. Object-store volumes are checked by their first listing."""
+        if is_remote(self.uri):
+            return
+        root = self.uri.removeprefix("file://")
+        try:
+            with os.scandir(root) as entries:
+                next(entries, None)
+        except OSError as exc:
+            what = "does not exist" if isinstance(exc, FileNotFoundError) else "is not a readable folder"
+            raise VolumeUnavailable(
+                f"the video volume {root} {what} ({exc.__class__.__name__}: {exc.strerror or exc}); "
+                "set VIDEO_VOLUME_URI to the folder or bucket of uploads"
+            ) from exc
+
     def _fs(self) -> tuple[pafs.FileSystem, str, bool]:
         if is_remote(self.uri):
             fs, root = pafs.FileSystem.from_uri(self.uri)
@@ -59,26 +83,87 @@ class VideoVolume(ConfigurableResource):
         return f"{scheme}://{path}"
 
     def list_files(self) -> list[VolumeFile]:
+        return self.listing().files
+
+    def listing(self) -> Listing:
+        """The files to register, and the entries refused with the reason (links, special files).
+
+        A local volume is walked without following links, so nothing outside its root is listed,
+        hashed or opened, and a link loop cannot repeat a file (pyarrow's recursive listing follows them).
+        """
         fs, root, remote = self._fs()
         info = fs.get_file_info(root)
         if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(f"video volume {self.uri!r} does not exist")
+            raise FileNotFoundError(f"video volume {self.uri!r} does not exist (VIDEO_VOLUME_URI)")
+        if not remote:
+            return self._walk_local(root)
         selector = pafs.FileSelector(root, recursive=True)
-        wanted = tuple(s.lower() for s in self.suffixes)
         out = []
         for entry in fs.get_file_info(selector):
-            if entry.type != pafs.FileType.File:
-                continue
-            name = entry.base_name
-            if name.startswith("."):  # hidden files and partial uploads (.part, .tmp...)
-                continue
-            if not self.include_all_files and not name.lower().endswith(wanted):
+            if entry.type != pafs.FileType.File or not self._wanted(entry.base_name):
                 continue
             mtime = entry.mtime.timestamp() if entry.mtime is not None else 0.0
             out.append(VolumeFile(self._to_uri(entry.path, remote), int(entry.size or 0), mtime))
-        return sorted(out, key=lambda f: f.uri)
+        return Listing(sorted(out, key=lambda f: f.uri), [])
+
+    def _wanted(self, name: str) -> bool:
+        if name.startswith("."):  # hidden files and partial uploads (.part, .tmp...)
+            return False
+        return self.include_all_files or name.lower().endswith(tuple(s.lower() for s in self.suffixes))
+
+    def _walk_local(self, root: str) -> Listing:
+        files: list[VolumeFile] = []
+        refused: list[Refused] = []
+        pending = [root]
+        while pending:
+            folder = pending.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError as exc:  # unreadable subfolder: say so, keep listing the rest
+                refused.append(Refused(folder, f"folder not readable: {exc.strerror or exc}"))
+                continue
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_symlink():
+                    refused.append(Refused(entry.path, _link_reason(entry.path)))
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif not self._wanted(entry.name):
+                    continue
+                elif not _utf8(entry.path):  # the tables store names as UTF-8 text
+                    refused.append(Refused(entry.path, "name is not valid UTF-8: not registered"))
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    files.append(VolumeFile(entry.path, st.st_size, _mtime(st.st_mtime_ns)))
+                else:  # a FIFO would block the hasher forever; devices and sockets are not uploads
+                    refused.append(Refused(entry.path, "not a regular file (fifo, socket or device): not read"))
+        return Listing(sorted(files, key=lambda f: f.uri), sorted(refused, key=lambda r: r.uri))
+
+    def refusal(self, uri: str) -> str | None:
+        """Why ``uri`` must not be read (outside the root, or reached through a link), or None.
+
+        Checked again on every open: a file may be swapped for a link after it was listed."""
+        if is_remote(self.uri):
+            return None  # object stores have no links; the URI names the object
+        _, root, _ = self._fs()
+        path = os.path.abspath(uri.removeprefix("file://"))
+        if os.path.commonpath([root, path]) != root:
+            return f"outside the volume {root}: not read"
+        real_root = os.path.realpath(root)
+        expected = os.path.join(real_root, os.path.relpath(path, root))
+        if os.path.realpath(path) != expected:
+            return _link_reason(path) if os.path.islink(path) else "reached through a symbolic link: not read"
+        return None
+
+    def _checked(self, uri: str) -> None:
+        reason = self.refusal(uri)
+        if reason is not None:
+            raise RefusedPath(reason)
 
     def stat(self, uri: str) -> VolumeFile | None:
+        """The file's size and mtime; None when it is gone. Raises ``RefusedPath`` for a link."""
+        self._checked(uri)
         fs, path = self._resolve(uri)
         info = fs.get_file_info(path)
         if info.type != pafs.FileType.File:
@@ -90,10 +175,51 @@ class VideoVolume(ConfigurableResource):
         return resolve(uri)
 
     def open(self, uri: str) -> IO[bytes]:
-        """A seekable binary stream (PyAV reads remote objects through it without a local copy)."""
-        fs, path = self._resolve(uri)
-        return fs.open_input_file(path)
+        """A seekable binary stream (PyAV reads remote objects through it without a local copy).
+
+        A local file is opened without following a final link (O_NOFOLLOW) and must be a regular
+        file, which closes the gap between the check and the open."""
+        self._checked(uri)
+        if is_remote(uri):
+            fs, path = self._resolve(uri)
+            return fs.open_input_file(path)
+        path = uri.removeprefix("file://")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RefusedPath("not a regular file: not read")
+        return os.fdopen(fd, "rb")
 
     def content_hash(self, uri: str) -> str:
         with self.open(uri) as stream:
             return sha256_stream(stream)
+
+
+class VolumeUnavailable(RuntimeError):
+    """The volume cannot be listed; the message names the setting to fix."""
+
+
+class RefusedPath(PermissionError):
+    """A path this volume must not read: outside its root, a link, or not a regular file."""
+
+
+def _mtime(ns: int) -> float:
+    """Seconds as pyarrow's listing (used before) reports them, to the microsecond: the manifest's
+    fingerprints were made that way, and any other rounding makes a known file look new."""
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).timestamp()
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes arrive as lone surrogates (surrogateescape)
+        return False
+    return True
+
+
+def _link_reason(path: str) -> str:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return f"symbolic link to {target}: links are not followed"

@@ -146,3 +146,38 @@ def test_truncated_files_never_raise(tmp_path, fraction):
     assert result.ok is False or result.duration_s  # either usable or explained
     if not result.ok:
         assert result.error
+
+
+def make_indexed_clip(path, fmt=None, seconds=4, fps=25) -> str:
+    """A clip whose header states its duration before the data: MP4 with the index first (faststart)
+    or Matroska. Noise frames, so the bytes spread evenly over the clip's time."""
+    options = {"movflags": "+faststart"} if str(path).endswith(".mp4") else {}
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w", format=fmt, options=options) as out:
+        video = out.add_stream("libx264", rate=fps, options={"g": str(fps), "bf": "0"})
+        video.width, video.height, video.pix_fmt = 96, 64, "yuv420p"
+        for _ in range(fps * seconds):
+            pixels = rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)
+            for packet in video.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["indexed.mp4", "stated.mkv"])
+def test_a_file_cut_short_is_not_ok_even_when_its_header_states_the_duration(tmp_path, name):
+    whole = make_indexed_clip(tmp_path / name)
+    data = open(whole, "rb").read()
+    if name.endswith(".mp4"):
+        assert data.find(b"moov") < data.find(b"mdat")  # the index really is at the front
+    whole_result = probe(whole)
+    assert whole_result.ok and whole_result.duration_s == pytest.approx(4.0, abs=0.05)
+
+    cut = tmp_path / f"cut_{name}"
+    cut.write_bytes(data[: len(data) // 2])
+    result = probe(str(cut))
+    assert result.ok is False
+    assert result.error.startswith("truncated: the video stream ends at ")
+    ends_at = float(result.error.split(" ends at ")[1].split(" s")[0])
+    assert 1.0 < ends_at < 3.0 and "of the 4.00 s" in result.error

@@ -75,3 +75,12 @@ def test_manifest_rows_keep_every_file():
     dup = next(r for r in rows if r["uri"] == "/v/dup.mp4")
     assert dup["status"] == "duplicate" and dup["batch_key"] is None and dup["duplicate_of"] == "/v/000.mp4"
     assert {r["batch_key"] for r in rows if r["status"] == "batched"} == set(plan)
+
+
+def test_printable_escapes_what_could_forge_a_log_line():
+    from video_assets.core.uploads.discovery import printable
+
+    name = "evil\n2026-01-01 - dagster - INFO - forged.mp4"
+    assert "\n" not in printable(name) and printable(name).startswith("evil\\n2026")
+    assert printable("a\rb\tc\x1bd\u2028e\u202ef") == "a\\rb\\tc\\x1bd\\u2028e\\u202ef"
+    assert printable("café 日本 'q' \"dq\" -lead.mp4") == "café 日本 'q' \"dq\" -lead.mp4"  # printable text kept

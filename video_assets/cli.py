@@ -21,23 +21,38 @@ def _resources():
 
 def register_archive(instance: DagsterInstance, batch_size: int | None = None) -> list[str]:
     """Register every unseen file of the volume, as many batches as needed; returns the new batch keys."""
-    from video_assets.defs.ingest.registration import manifest_batch_keys, read_manifest, register_new_files
+    from video_assets.core.uploads.discovery import printable
+    from video_assets.defs.ingest.registration import (
+        manifest_batch_keys,
+        read_manifest,
+        refused_event,
+        register_new_files,
+    )
     from video_assets.defs.partitions import video_batches
 
     res = _resources()
     volume, tables = res["volume"], res["tables"]
     if batch_size:
         volume = type(volume)(**{**volume.model_dump(), "batch_size": batch_size})  # model_copy skips config
-    files = volume.list_files()
-    print(f"volume {volume.uri}: {len(files)} video files")
+    listing = volume.listing()
+    files = listing.files
+    print(f"volume {volume.uri}: {len(files)} video files, {len(listing.refused)} entries refused")
+    refused = list(listing.refused)
     while True:
         plan = register_new_files(volume, tables, files)
+        refused += plan.unreadable
+        unreadable = {r.uri for r in plan.unreadable}
+        files = [f for f in files if f.uri not in unreadable]  # tried once per command
         for dup in plan.duplicates:
-            print(f"  duplicate: {dup.uri} has the same bytes as {dup.duplicate_of}")
+            print(f"  duplicate: {printable(dup.uri)} has the same bytes as {printable(dup.duplicate_of)}")
         if (event := plan.manifest_event(tables)) is not None:
             instance.report_runless_asset_event(event)
         if plan.remaining == 0:
             break
+    for r in refused:
+        print(f"  refused: {printable(r.uri)}: {r.reason}")
+    if (event := refused_event(refused)) is not None:
+        instance.report_runless_asset_event(event)
     known = set(instance.get_dynamic_partitions(video_batches.name))
     new = [k for k in manifest_batch_keys(read_manifest(tables)) if k not in known]
     if new:

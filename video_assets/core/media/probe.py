@@ -12,7 +12,13 @@ from typing import IO, Any
 
 import av
 
-from video_assets.core.media.streams import scan_packets, scanned_duration, stored_duration
+from video_assets.core.media.streams import (
+    last_packet_end,
+    scan_packets,
+    scanned_duration,
+    stored_duration,
+    truncation,
+)
 
 # Demuxing (not decoding) packets is cheap, but on a 10 GB file it still reads every byte, so
 # the full scan runs only when the container stores no duration or frame count.
@@ -101,6 +107,10 @@ def _probe_open(container) -> ProbeResult:
     if not container.streams.video:
         result.error = "no video stream"
         return result
+    if container.format.name == "image2" or container.format.name.endswith("_pipe"):
+        # FFmpeg opens a renamed JPEG/PNG as a one-frame "video": there is no timeline to caption.
+        result.error = f"a still image ({container.format.name}), not a video"
+        return result
     stream = container.streams.video[0]
     ctx = stream.codec_context
     result.video_codec = ctx.codec.canonical_name
@@ -118,6 +128,10 @@ def _probe_open(container) -> ProbeResult:
     if len(set(keys)) < 2:  # few keyframes early on: the container index (mp4, mkv) may know more
         keys = [float(e.timestamp * stream.time_base) for e in stream.index_entries or [] if e.is_keyframe]
     result.duration_estimated = duration is None
+    cut_short = None
+    if duration is not None:  # a stated duration: check the packets really reach it
+        real = scanned_duration(scan, stream) if need_full_scan else last_packet_end(container, stream, duration)
+        cut_short = truncation(duration, real)
     if duration is None:
         duration = scanned_duration(scan, stream)
     result.duration_s = round(duration, 4) if duration is not None else None
@@ -136,6 +150,9 @@ def _probe_open(container) -> ProbeResult:
     result.rotation = int(frame.rotation or 0)
     if not result.duration_s:
         result.error = "video stream has no duration and no timed packets"
+        return result
+    if cut_short:  # ok=false: captioning then skips it with this reason instead of sampling past the end
+        result.error = cut_short
         return result
     result.ok = True
     return result

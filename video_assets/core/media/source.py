@@ -6,6 +6,7 @@ requests itself. The URI comes from the volume listing (``resources.volume``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO
@@ -32,9 +33,15 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 def open_media(uri: str) -> str | IO[bytes]:
-    """What PyAV should open: a local path (FFmpeg does its own I/O) or a seekable remote stream."""
+    """What PyAV should open: a local path (FFmpeg does its own I/O) or a seekable remote stream.
+
+    A local path that is a symbolic link is refused (``PermissionError``): the volume lists no
+    links, so one here was swapped in after listing and may point outside the volume."""
     if not is_remote(uri):
-        return uri.removeprefix("file://")
+        path = uri.removeprefix("file://")
+        if os.path.islink(path):
+            raise PermissionError(f"symbolic link, not opened: {path}")
+        return path
     if uri.startswith(FFMPEG_SCHEMES):
         return uri
     fs, path = resolve(uri)

@@ -59,3 +59,42 @@ def scanned_duration(scan: PacketScan, stream) -> float | None:
     if scan.end_s is None:
         return None
     return max(0.0, scan.end_s - start_s(stream))
+
+
+# A file cut short still states its full duration in a header written first (MP4 with the index at the
+# front, Matroska). A gap below this is normal (audio outlasting video in the container's duration).
+TRUNCATION_MIN_GAP_S = 1.0
+TRUNCATION_MIN_GAP_RATIO = 0.02
+TAIL_WINDOW_S = 5.0
+
+
+def last_packet_end(container, stream, declared_s: float) -> float | None:
+    """Seconds from the stream start to the end of the last packet really in the file.
+
+    Seeks to ``TAIL_WINDOW_S`` before the declared end and demuxes from there (cheap: only the tail);
+    when nothing is found there (the data stops earlier) it scans from the start. None when the
+    container cannot seek.
+    """
+    target = start_s(stream) + max(0.0, declared_s - TAIL_WINDOW_S)
+    try:
+        container.seek(int(target / stream.time_base), stream=stream, backward=True)
+        tail = scan_packets(container, stream)
+        if tail.end_s is None:
+            container.seek(stream.start_time or 0, stream=stream)
+            tail = scan_packets(container, stream)
+    except (av.error.FFmpegError, OSError, ValueError):
+        return None
+    return None if tail.end_s is None else tail.end_s - start_s(stream)
+
+
+def truncation(declared_s: float, real_s: float | None) -> str | None:
+    """Why the file is cut short (its packets end well before the stated duration), or None."""
+    if real_s is None:
+        return None
+    gap = declared_s - real_s
+    if gap > max(TRUNCATION_MIN_GAP_S, TRUNCATION_MIN_GAP_RATIO * declared_s):
+        return (
+            f"truncated: the video stream ends at {real_s:.2f} s of the {declared_s:.2f} s its header states "
+            "(file cut short, e.g. an interrupted upload or copy)"
+        )
+    return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +22,37 @@ class VolumeFile:
     uri: str  # what the rest of the pipeline opens: a local path or a full object-store URI
     size_bytes: int
     mtime: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A volume entry that is never read (a link, a special file), with the reason; reported, not dropped."""
+
+    uri: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Listing:
+    files: list[VolumeFile]
+    refused: list[Refused]
+
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: object) -> str:
+    """``text`` safe for one log line: control, format (bidi overrides) and line-separator
+    characters escaped, so a file name with a newline cannot forge a second log line."""
+    out = []
+    for ch in str(text):
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs"):
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def sha256_stream(stream: IO[bytes], chunk: int = HASH_CHUNK) -> str:
@@ -38,9 +70,11 @@ def fingerprint(f: VolumeFile) -> tuple[str, int, int]:
     return (f.uri, f.size_bytes, int(round(f.mtime * 1_000_000)))
 
 
-def listing_digest(files: Iterable[VolumeFile]) -> str:
+def listing_digest(files: Iterable[VolumeFile], refused: Iterable[Refused] = ()) -> str:
     """Cheap digest of a whole listing; the sensor's cursor, so an unchanged volume costs one listing."""
-    payload = json.dumps(sorted(fingerprint(f) for f in files))
+    entries = sorted(fingerprint(f) for f in files)
+    # Refused names may hold undecodable bytes (lone surrogates): escaped, so the digest never fails.
+    payload = json.dumps([entries, sorted((printable(r.uri), r.reason) for r in refused)])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -59,23 +93,36 @@ def discover(
     known_ids: Mapping[str, str],
     hasher: Callable[[str], str],
     max_files: int | None = None,
+    unreadable: list[Refused] | None = None,
 ) -> tuple[list[Discovery], int]:
     """Hash the files not seen before; mark those whose bytes are already known as duplicates.
 
     ``seen``: fingerprints already in the manifest; ``known_ids``: video_id -> uri registered.
     Returns the discoveries and how many new files were left for a later call (``max_files``).
+    ``unreadable``: when given, a file the hasher cannot read (``OSError``: no permission, gone, a
+    link swapped in) is appended with the reason instead of failing the whole listing; it is not in
+    the manifest, so a later call tries it again.
     """
     fresh = [f for f in sorted(files, key=lambda f: f.uri) if fingerprint(f) not in seen]
-    todo = fresh if max_files is None else fresh[:max_files]
     ids = dict(known_ids)
     out = []
-    for f in todo:
-        vid = hasher(f.uri)
+    tried = 0
+    for f in fresh:
+        if max_files is not None and len(out) >= max_files:
+            break  # unreadable files do not count against the bound: they cannot starve the rest
+        tried += 1
+        try:
+            vid = hasher(f.uri)
+        except OSError as exc:
+            if unreadable is None:
+                raise
+            unreadable.append(Refused(f.uri, f"not readable: {exc.__class__.__name__}: {exc.strerror or exc}"))
+            continue
         dup = ids.get(vid)
         if dup is None:
             ids[vid] = f.uri
         out.append(Discovery(f.uri, f.size_bytes, f.mtime, vid, dup))
-    return out, len(fresh) - len(todo)
+    return out, len(fresh) - tried
 
 
 def batch_key(video_ids: Iterable[str], now: datetime) -> str:

@@ -11,6 +11,7 @@ from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_versions, captioned_ok
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
+from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR
 from video_assets.defs.captioning.runner import engine_name, job_spec, registered_model_files, run_captioning
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
@@ -149,9 +150,9 @@ def _thumbnails(log, videos: pl.DataFrame, config: CaptionsConfig, limit: int) -
             seg = sample_video(uri, config.sampling(), duration, rotation).segments[0]
             png = thumbnail_strip(seg.frames, seg.timestamps)
         except Exception as exc:  # a preview must never fail the asset
-            log.warning(f"no thumbnail strip for {uri}: {type(exc).__name__}: {exc}")
+            log.warning(f"no thumbnail strip for {printable(uri)}: {type(exc).__name__}: {printable(exc)}")
             continue
         parts.append(
-            f"**{uri.rsplit('/', 1)[-1]}** (segment 0, {len(seg.timestamps)} frames)\n\n{markdown_image(png, 'sampled frames')}"
+            f"**{printable(uri.rsplit('/', 1)[-1])}** (segment 0, {len(seg.timestamps)} frames)\n\n{markdown_image(png, 'sampled frames')}"
         )
     return "\n\n".join(parts)

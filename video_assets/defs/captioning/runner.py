@@ -17,6 +17,7 @@ from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
+from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_OK
 
 WRITE_EVERY = 32  # rows per Delta merge: a crash loses at most this much work
@@ -91,13 +92,13 @@ def run_captioning(
     nodes: dict[str, set[str]] = {"decode": set(), "engine": set()}  # Ray node ids each stage ran on
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     for n_rows, row in enumerate(caption_rows(videos, spec) if videos else [], start=1):
-        name = row["uri"].rsplit("/", 1)[-1]
+        name = printable(row["uri"].rsplit("/", 1)[-1])
         if row["status"] == CAPTION_OK:
             log.info(
                 f"[{n_rows}] {name} segment {row['segment']}: {row['output_tokens']} tokens in {row['latency_s']:.2f}s"
             )
         else:
-            log.warning(f"[{n_rows}] {name}: {row['error']}")
+            log.warning(f"[{n_rows}] {name}: {printable(row['error'])}")
         cpu_s += row.get("decode_s") or 0.0
         engine_s += row.get("engine_s") or 0.0
         for stage in nodes:

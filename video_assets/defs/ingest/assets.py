@@ -9,10 +9,11 @@ import polars as pl
 from dagster import AssetExecutionContext, AssetSpec, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 
 from resources.delta import DeltaTables
-from resources.volume import VideoVolume
+from resources.volume import RefusedPath, VideoVolume
 from video_assets.core.media.probe import ProbeResult, probe
 from video_assets.core.media.source import open_media
 from video_assets.core.tables import BATCH_MANIFEST, KEYS, RAW_VIDEOS, SCHEMAS, VIDEO_METADATA, to_arrow
+from video_assets.core.uploads.discovery import printable
 from video_assets.defs.common import stage_asset, table_metadata
 from video_assets.defs.ingest.registration import read_manifest
 from video_assets.defs.partitions import video_batches
@@ -50,20 +51,28 @@ def raw_videos(context: AssetExecutionContext, volume: VideoVolume, tables: Delt
     registered = tables.read(RAW_VIDEOS, SCHEMAS[RAW_VIDEOS])
     elsewhere = dict(registered.filter(pl.col("batch_key") != batch).select("video_id", "uri").iter_rows())
     now = datetime.now(UTC)
-    rows, missing, changed, duplicates = [], [], [], []
+    rows, missing, changed, duplicates, refused = [], [], [], [], []
     for uri, size, mtime, vid in manifest.select("uri", "size_bytes", "mtime", "video_id").iter_rows():
-        current = volume.stat(uri)
+        shown = printable(uri)
+        try:
+            current = volume.stat(uri)
+            if current is not None and (current.size_bytes != size or abs(current.mtime - mtime.timestamp()) > 1e-3):
+                vid = volume.content_hash(uri)  # bytes changed since discovery: register what is there now
+                changed.append(uri)
+                context.log.warning(f"{shown}: changed since discovery, re-hashed to {vid[:12]}")
+        except RefusedPath as exc:  # swapped for a link (or similar) since it was listed
+            refused.append({"uri": uri, "reason": str(exc)})
+            context.log.warning(f"{shown}: refused: {printable(exc)}; not registered")
+            continue
+        except FileNotFoundError:
+            current = None
         if current is None:
             missing.append(uri)
-            context.log.warning(f"{uri}: listed in batch {batch} but no longer in the volume; not registered")
+            context.log.warning(f"{shown}: listed in batch {batch} but no longer in the volume; not registered")
             continue
-        if current.size_bytes != size or abs(current.mtime - mtime.timestamp()) > 1e-3:
-            vid = volume.content_hash(uri)  # bytes changed since discovery: register what is there now
-            changed.append(uri)
-            context.log.warning(f"{uri}: changed since discovery, re-hashed to {vid[:12]}")
         if vid in elsewhere:
             duplicates.append(uri)
-            context.log.info(f"{uri}: same bytes as {elsewhere[vid]}, already registered")
+            context.log.info(f"{shown}: same bytes as {printable(elsewhere[vid])}, already registered")
             continue
         rows.append(
             {
@@ -80,7 +89,8 @@ def raw_videos(context: AssetExecutionContext, volume: VideoVolume, tables: Delt
     tables.merge(RAW_VIDEOS, to_arrow(RAW_VIDEOS, unique), KEYS[RAW_VIDEOS], keep=("registered_at",))
     out = _batch_rows(tables, RAW_VIDEOS, batch)
     context.log.info(
-        f"batch {batch}: {out.height} videos registered, {len(missing)} missing, {len(duplicates)} duplicates"
+        f"batch {batch}: {out.height} videos registered, {len(missing)} missing, {len(duplicates)} duplicates, "
+        f"{len(refused)} refused"
     )
     return MaterializeResult(
         data_version=batch_version(out),
@@ -92,6 +102,7 @@ def raw_videos(context: AssetExecutionContext, volume: VideoVolume, tables: Delt
                 ["video_id", "uri", "size_bytes", "batch_key"],
             ),
             "missing_files": MetadataValue.json(missing),
+            "refused_files": MetadataValue.json(refused),
             "changed_since_discovery": MetadataValue.json(changed),
             "duplicates_skipped": MetadataValue.json(duplicates),
             "total_bytes": MetadataValue.int(int(out.get_column("size_bytes").sum() or 0)),
@@ -103,15 +114,26 @@ def probe_file(uri: str, size_bytes: int) -> ProbeResult:
     """Probe a local path directly, an object-store URI through a seekable stream."""
     if size_bytes == 0:
         return ProbeResult(ok=False, error="empty file (0 bytes)")
-    source = open_media(uri)
+    try:
+        source = open_media(uri)
+    except OSError as exc:  # a link, a vanished object, no permission: a row with the reason
+        return ProbeResult(ok=False, error=f"cannot open: {exc.__class__.__name__}: {exc}")
     if isinstance(source, str):
         return probe(source)
     with source as stream:
         return probe(stream)
 
 
+def _probe_in_volume(volume: VideoVolume, uri: str, size_bytes: int) -> ProbeResult:
+    """Checked again before the open: a registered file swapped for a link is a row, never read."""
+    reason = volume.refusal(uri)
+    if reason is not None:
+        return ProbeResult(ok=False, error=f"refused: {reason}")
+    return probe_file(uri, size_bytes)
+
+
 @asset(partitions_def=video_batches, deps=[raw_videos], **stage_asset("ingest", VIDEO_METADATA, kinds=("pyav",)))
-def video_metadata(context: AssetExecutionContext, tables: DeltaTables) -> MaterializeResult:
+def video_metadata(context: AssetExecutionContext, volume: VideoVolume, tables: DeltaTables) -> MaterializeResult:
     """Container, codec, size, rotation, frame rates, duration, frame and keyframe facts probed with
     PyAV in-process. A file that is not a usable video is a row with ok=false and the reason."""
     batch = context.partition_key
@@ -123,16 +145,16 @@ def video_metadata(context: AssetExecutionContext, tables: DeltaTables) -> Mater
     now = datetime.now(UTC)
     rows = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = pool.map(lambda item: probe_file(item[1], item[2]), items)
+        results = pool.map(lambda item: _probe_in_volume(volume, item[1], item[2]), items)
         for i, ((vid, uri, _), result) in enumerate(zip(items, results), start=1):
-            name = uri.rsplit("/", 1)[-1]
+            name = printable(uri.rsplit("/", 1)[-1])
             if result.ok:
                 context.log.info(
                     f"[{i}/{len(items)}] {name}: {result.video_codec} {result.width}x{result.height} "
                     f"{result.duration_s:.1f}s rot={result.rotation}"
                 )
             else:
-                context.log.warning(f"[{i}/{len(items)}] {name}: not usable: {result.error}")
+                context.log.warning(f"[{i}/{len(items)}] {name}: not usable: {printable(result.error)}")
             rows.append({"video_id": vid, "batch_key": batch, "uri": uri, **result.as_row(), "probed_at": now})
     tables.merge(VIDEO_METADATA, to_arrow(VIDEO_METADATA, rows), KEYS[VIDEO_METADATA])
     out = _batch_rows(tables, VIDEO_METADATA, batch)

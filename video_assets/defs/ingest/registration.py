@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import polars as pl
-from dagster import AssetMaterialization, MetadataValue
+from dagster import AssetMaterialization, AssetObservation, MetadataValue
 
 from resources.delta import DeltaTables
 from resources.volume import VideoVolume
 from video_assets.core.tables import BATCH_MANIFEST, KEYS, SCHEMAS, to_arrow
 from video_assets.core.uploads import discovery as registry
-from video_assets.core.uploads.discovery import VolumeFile
+from video_assets.core.uploads.discovery import Refused, VolumeFile, printable
 
 
 @dataclass
@@ -25,6 +25,7 @@ class RegistrationPlan:
     duplicates: list[registry.Discovery] = field(default_factory=list)
     remaining: int = 0  # new files left for the next call (per-call hashing bound)
     rows_written: int = 0  # manifest rows appended (batched + duplicate files)
+    unreadable: list[Refused] = field(default_factory=list)  # listed but not hashable; retried next call
 
     def manifest_event(self, tables: DeltaTables) -> AssetMaterialization | None:
         """The batch_manifest materialisation to report for what this call wrote (None if nothing)."""
@@ -39,6 +40,20 @@ class RegistrationPlan:
                 "duplicates": MetadataValue.int(len(self.duplicates)),
             },
         )
+
+
+def refused_event(refused: list[Refused]) -> AssetObservation | None:
+    """Entries of the volume that were not read (links, special files), each with the reason, as an
+    observation of batch_manifest: visible in the asset's events, never silently missing."""
+    if not refused:
+        return None
+    return AssetObservation(
+        asset_key=BATCH_MANIFEST,
+        metadata={
+            "refused_count": MetadataValue.int(len(refused)),
+            "refused": MetadataValue.json([{"uri": printable(r.uri), "reason": r.reason} for r in refused]),
+        },
+    )
 
 
 def read_manifest(tables: DeltaTables) -> pl.DataFrame:
@@ -77,11 +92,18 @@ def register_new_files(
     now = now or datetime.now(UTC)
     files = volume.list_files() if files is None else files
     seen, known = _seen(read_manifest(tables) if manifest is None else manifest)
-    found, remaining = registry.discover(files, seen, known, volume.content_hash, volume.max_files_per_call)
+    unreadable: list[Refused] = []
+    found, remaining = registry.discover(
+        files, seen, known, volume.content_hash, volume.max_files_per_call, unreadable=unreadable
+    )
     batches = registry.plan_batches(found, now, volume.batch_size)
     rows = registry.manifest_rows(found, batches, now)
     if rows:
         tables.merge(BATCH_MANIFEST, to_arrow(BATCH_MANIFEST, rows), KEYS[BATCH_MANIFEST], update=False)
     return RegistrationPlan(
-        batches=batches, duplicates=[d for d in found if d.duplicate_of], remaining=remaining, rows_written=len(rows)
+        batches=batches,
+        duplicates=[d for d in found if d.duplicate_of],
+        remaining=remaining,
+        rows_written=len(rows),
+        unreadable=unreadable,
     )

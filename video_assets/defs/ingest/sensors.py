@@ -13,7 +13,12 @@ from resources.delta import DeltaTables
 from resources.volume import VideoVolume
 from video_assets.core.uploads import discovery as registry
 from video_assets.defs.ingest.jobs import batch_pipeline_job
-from video_assets.defs.ingest.registration import manifest_batch_keys, read_manifest, register_new_files
+from video_assets.defs.ingest.registration import (
+    manifest_batch_keys,
+    read_manifest,
+    refused_event,
+    register_new_files,
+)
 from video_assets.defs.partitions import video_batches
 
 SENSOR_INTERVAL_S = 30
@@ -27,8 +32,10 @@ SENSOR_INTERVAL_S = 30
     "batch_size, added as video_batches partitions and run. Cursor: a digest of the last listing.",
 )
 def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables: DeltaTables):
-    files = volume.list_files()
-    digest = registry.listing_digest(files)
+    listing = volume.listing()
+    files = listing.files
+    # Refused entries are part of the digest, so a new link is reported on the next tick.
+    digest = registry.listing_digest(files, listing.refused)
     known_partitions = set(context.instance.get_dynamic_partitions(video_batches.name))
     # Batches written to the manifest by a tick that died before adding them: repair first.
     manifest = read_manifest(tables)
@@ -37,13 +44,18 @@ def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables:
         return SkipReason(f"no change in {volume.uri} ({len(files)} files)")
 
     plan = register_new_files(volume, tables, files, manifest=manifest)
+    refused = listing.refused + plan.unreadable
+    for r in refused:
+        context.log.warning(f"{registry.printable(r.uri)}: refused: {r.reason}")
     for dup in plan.duplicates:
-        context.log.info(f"{dup.uri}: same bytes as {dup.duplicate_of}; not registered again")
+        context.log.info(
+            f"{registry.printable(dup.uri)}: same bytes as {registry.printable(dup.duplicate_of)}; not registered again"
+        )
     new_keys = sorted(set(plan.batches) | set(orphaned))
     # An unfinished listing keeps the old cursor so the next tick carries on.
     next_cursor = digest if plan.remaining == 0 else context.cursor
     # What this tick wrote to batch_manifest is reported as its materialisation (lineage in the UI).
-    events = [e for e in [plan.manifest_event(tables)] if e is not None]
+    events = [e for e in [plan.manifest_event(tables), refused_event(refused)] if e is not None]
     if not new_keys:
         return SensorResult(
             skip_reason=SkipReason("no new videos (only duplicates or known files)"),
