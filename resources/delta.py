@@ -16,6 +16,11 @@ from pydantic import Field
 COMMIT_RETRIES = 5  # concurrent runs of different batches may race on a commit; delta-rs reports it
 
 
+def sql_literal(value: str) -> str:
+    """A string as a SQL literal in a delta-rs predicate."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
 class TablesUnavailable(RuntimeError):
     """The tables root cannot be written; the message names the setting to fix."""
 
@@ -80,11 +85,14 @@ class DeltaTables(ConfigurableResource):
         update: bool = True,
         update_predicate: str | None = None,
         keep: tuple[str, ...] = (),
+        replace_scope: str | None = None,
     ) -> dict:
         """Upsert ``rows`` keyed by ``keys``: rerunning the same rows changes nothing.
 
         ``update=False`` keeps existing rows untouched (first write wins); ``keep`` names columns a
-        matched row keeps (e.g. ``registered_at``); ``update_predicate`` limits which matches update.
+        matched row keeps (e.g. ``registered_at``); ``update_predicate`` limits which matches update;
+        ``replace_scope`` (a predicate on ``t.`` columns) deletes, in the same commit, the target rows
+        it selects that ``rows`` do not have. New columns of ``rows`` are added to the table.
         """
         uri = self.table_uri(name)
         if not self.exists(name):
@@ -100,11 +108,14 @@ class DeltaTables(ConfigurableResource):
         for attempt in range(COMMIT_RETRIES):
             try:
                 table = DeltaTable(uri, storage_options=self._options())
-                merger = table.merge(rows, predicate=predicate, source_alias="s", target_alias="t")
+                merger = table.merge(rows, predicate=predicate, source_alias="s", target_alias="t", merge_schema=True)
                 if update:
                     updates = {c: f"s.{c}" for c in rows.column_names if c not in keep}
                     merger = merger.when_matched_update(updates=updates, predicate=update_predicate)
-                return merger.when_not_matched_insert_all().execute()
+                merger = merger.when_not_matched_insert_all()
+                if replace_scope:
+                    merger = merger.when_not_matched_by_source_delete(predicate=replace_scope)
+                return merger.execute()
             except CommitFailedError:
                 if attempt == COMMIT_RETRIES - 1:
                     raise

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the project is not installed in .venv-vllm-cpu: run it from the checkout
 
 CLIPS = ("realshort.mp4", "sam2_04_coffee.mp4")
+DAMAGED = "damaged.mp4"  # probes fine, then damaged before captioning: the CPU stage's error row
 
 # What vLLM's CPU build needs, as configuration of the two resources (VllmSettings fields).
 CPU_OVERRIDES = dict(
@@ -103,6 +104,7 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
     (work / "volume").mkdir(parents=True, exist_ok=True)
     for name in CLIPS:
         shutil.copyfile(ROOT / "samples" / name, work / "volume" / name)
+    shutil.copyfile(ROOT / "samples" / "fire2.mp4", work / "volume" / DAMAGED)
     res = resources(model, work, num_cpus)
     times = {}
     with instance_for_test() as instance:
@@ -112,8 +114,12 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
         check(materialize([vlm_model, caption_prompt], instance=instance, resources=res).success, "vlm_model")
         times["register_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        ingest = materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res)
+        check(ingest.success, "raw_videos, video_metadata")
+        (work / "volume" / DAMAGED).write_bytes(b"\x00" * 1000)
         result = materialize(
             [raw_videos, video_metadata, captions],
+            selection=[captions],
             partition_key=key,
             instance=instance,
             resources=res,
@@ -121,7 +127,7 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
             raise_on_error=False,
         )
         times["captions_s"] = time.perf_counter() - t0
-        check(result.success, "raw_videos, video_metadata, captions")
+        check(result.success, "captions")
         meta = result.asset_materializations_for_node("captions")[0].metadata
         check(meta["engine"].value == "vllm", f"captions ran on {meta['engine'].value}, not vllm")
         t0 = time.perf_counter()
@@ -141,6 +147,12 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
     check(
         set(caps["video_id"]) == set(pl.read_delta(str(work / "tables" / "raw_videos"))["video_id"]), "a video missing"
     )
+    damaged = caps.filter(pl.col("uri").str.ends_with(DAMAGED))
+    check(
+        damaged.height == 1 and damaged["status"][0] == "error" and bool(damaged["error"][0]), f"{DAMAGED}: {damaged}"
+    )
+    caps = caps.filter(~pl.col("uri").str.ends_with(DAMAGED))
+    events = events.filter(~pl.col("uri").str.ends_with(DAMAGED))
     for r in caps.iter_rows(named=True):
         where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
         check(r["status"] == "ok", f"caption row not ok: {where} {r.get('error')}")

@@ -53,7 +53,12 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
         )
         assert result.success
         checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-        assert checks == {"unique_key": True, "required_columns": True, "captions_ok_rows_have_prose": True}
+        assert checks == {
+            "unique_key": True,
+            "required_columns": True,
+            "captions_ok_rows_have_prose": True,
+            "captions_videos_complete": True,
+        }
         return pl.read_delta(res["tables"].table_uri("captions"))
 
     rows = caption()

@@ -139,6 +139,12 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("decode_s", pa.float64(), metadata={"doc": "CPU-stage seconds (decode + sample)"}),
             pa.field("status", pa.string(), nullable=False, metadata={"doc": doc(CAPTION_STATUSES)}),
             pa.field("error", pa.string(), metadata={"doc": "why status is error"}),
+            pa.field(
+                "segments",
+                pa.int32(),
+                metadata={"doc": "segments planned for the video: it is complete when it has this many ok rows"},
+            ),
+            pa.field("split", pa.string(), metadata={"doc": "how the video was split (segment_s, scene_split)"}),
             pa.field("captioned_at", _TS, nullable=False, metadata={"doc": "when written"}),
         ]
     ),

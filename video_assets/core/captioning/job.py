@@ -1,8 +1,16 @@
 """The captioning Ray Data job: a wide CPU stage (decode + sample) feeding a narrow VLM stage.
 
     rows ─► repartition ─► flat_map(decode_and_sample, 1-CPU tasks) ─► map_batches(CaptionStage, actor pool)
-                                 │ failures
-                                 └──► ErrorSink actor (never reach the VLM; written as status=error rows)
+
+A video the CPU stage cannot decode stays in the stream as one row carrying ``decode_error``: the VLM
+stage passes it through as a status=error row without running the engine (no side channel that a
+retried task could double-report or lose). Every row carries ``segments``, the number of segments
+planned for its video, so the writer knows when a video is whole.
+
+Retries (Ray): a decode task is retried when its worker dies (reading a file twice is harmless; a
+Python error is already an error row, so it is not retried); a VLM actor is restarted and its batch
+retried a bounded number of times (Ray Data's default is forever, which would loop on a video that
+crashes the engine every time).
 
 Kept free of Dagster so the stages can be driven and tested with plain Ray.
 """
@@ -47,48 +55,71 @@ class JobSpec:
     # Ray custom resources each decode task / VLM actor requires (pin a stage to some nodes).
     cpu_resources: dict[str, float] = field(default_factory=dict)
     vlm_resources: dict[str, float] = field(default_factory=dict)
+    # Tests only: a marker path; the first decode task kills its worker (see _kill_worker_once).
+    kill_decode_worker_once: str | None = None
 
 
-@ray.remote(num_cpus=0)
-class ErrorSink:
-    """Collects the rows the CPU stage could not turn into frames."""
+DECODE_TASK_RETRIES = 3  # worker deaths only (OOM kill, lost node): decoding is idempotent
+VLM_ACTOR_RESTARTS = 3  # a dead engine actor is restarted and its batch retried this many times
 
-    def __init__(self):
-        self.rows: list[dict] = []
-
-    def add(self, row: dict) -> None:
-        self.rows.append(row)
-
-    def all(self) -> list[dict]:
-        return self.rows
+NO_FRAMES = np.zeros((0, 1, 1, 3), dtype=np.uint8)  # an error row's frames: same column type as real ones
 
 
-def decode_and_sample(row: dict, sampling: SamplingConfig, sink) -> list[dict]:
-    """CPU stage: one video in, one row per segment out (frames included); failures go to ``sink``."""
+def _kill_worker_once(marker: str | None) -> None:
+    """Fault injection for tests (off unless a marker path is given): the first task to get here kills
+    its own worker process, as an OOM kill would; later tasks (Ray's retry) find the marker and go on."""
+    if not marker:
+        return
+    import os
+
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.close(fd)
+    os._exit(1)
+
+
+def decode_error(value) -> str | None:
+    """The CPU stage's error of a row, whatever Ray's batch format made of the column."""
+    return value if isinstance(value, str) and value else None
+
+
+def decode_and_sample(row: dict, sampling: SamplingConfig, kill_worker_once: str | None = None) -> list[dict]:
+    """CPU stage: one video in, one row per segment out (frames included); a video that cannot be
+    decoded is one row with ``decode_error`` set."""
     started = time.perf_counter()
     try:
         sampled = sample_video(row["uri"], sampling, row.get("duration_s"), row.get("rotation"))
     except Exception as exc:  # one bad video becomes an error row, never a failed job
-        sink.add.remote(
+        return [
             {
                 **_ids(row),
                 "segment": 0,
-                "error": f"{exc.__class__.__name__}: {exc}",
+                "segments": 1,
+                "segment_start_s": 0.0,
+                "segment_end_s": 0.0,
+                "frame_timestamps": [],
+                "frames": NO_FRAMES,
                 "decode_s": time.perf_counter() - started,
+                "decode_node": _node_id(),
+                "decode_error": f"{exc.__class__.__name__}: {exc}",
             }
-        )
-        return []
+        ]
+    _kill_worker_once(kill_worker_once)
     decode_s = (time.perf_counter() - started) / max(1, len(sampled.segments))
     return [
         {
             **_ids(row),
             "segment": seg.index,
+            "segments": len(sampled.segments),
             "segment_start_s": float(seg.start_s),
             "segment_end_s": float(seg.end_s),
             "frame_timestamps": [float(t) for t in seg.timestamps],
             "frames": seg.frames,
             "decode_s": decode_s,
             "decode_node": _node_id(),
+            "decode_error": "",  # not None: a column of Nones reaches the VLM stage as float NaN
         }
         for seg in sampled.segments
     ]
@@ -126,51 +157,61 @@ class CaptionStage:
         from video_assets.core.captioning.requests import CaptionRequest
 
         n = len(batch["video_id"])
-        requests = [
-            CaptionRequest(
+        decoded = [i for i in range(n) if not decode_error(batch["decode_error"][i])]  # the rest: error rows
+        requests = {
+            i: CaptionRequest(
                 request_id=f"{batch['video_id'][i]}:{batch['segment'][i]}",
                 frames=np.asarray(batch["frames"][i], dtype=np.uint8),
                 timestamps=list(batch["frame_timestamps"][i]),
                 prompt=self.prompt,
                 max_new_tokens=self.max_new_tokens,
             )
-            for i in range(n)
-        ]
+            for i in decoded
+        }
         started = time.perf_counter()
-        responses = {r.request_id: r for r in self.engine.generate(requests)}
-        engine_share = (time.perf_counter() - started) / max(1, n)  # sums to the engine's busy time
+        responses = {r.request_id: r for r in self.engine.generate(list(requests.values()))} if requests else {}
+        engine_share = (time.perf_counter() - started) / max(1, len(requests))  # sums to the engine's busy time
         out: dict[str, list] = {k: [] for k in RESULT_COLUMNS}
-        for i, req in enumerate(requests):
-            resp = responses.get(req.request_id)
-            for k in (
-                "video_id",
-                "batch_key",
-                "uri",
-                "segment",
-                "segment_start_s",
-                "segment_end_s",
-                "decode_s",
-                "decode_node",
-            ):
+        for i in range(n):
+            req = requests.get(i)
+            resp = responses.get(req.request_id) if req else None
+            for k in CARRIED_COLUMNS:
                 out[k].append(batch[k][i])
-            out["engine_node"].append(self.node)
-            out["frame_timestamps"].append(list(req.timestamps))
+            out["engine_node"].append(self.node if req else None)
+            out["frame_timestamps"].append([float(t) for t in batch["frame_timestamps"][i]])
             out["prose"].append(resp.text if resp else "")
             out["input_tokens"].append(resp.input_tokens if resp else 0)
             out["output_tokens"].append(resp.output_tokens if resp else 0)
             out["latency_s"].append(resp.latency_s if resp else 0.0)
-            error = "engine returned no response" if resp is None else resp.error
-            out["engine_s"].append(engine_share)
+            if req is None:
+                error = decode_error(batch["decode_error"][i])
+            else:
+                error = "engine returned no response" if resp is None else resp.error
+            out["engine_s"].append(engine_share if req else 0.0)
             out["status"].append(CAPTION_ERROR if error else CAPTION_OK)
             out["error"].append(error)
         return out
 
+
+# Columns of a segment row that the VLM stage hands on as they came from the CPU stage.
+CARRIED_COLUMNS = (
+    "video_id",
+    "batch_key",
+    "uri",
+    "segment",
+    "segments",
+    "segment_start_s",
+    "segment_end_s",
+    "decode_s",
+    "decode_node",
+)
 
 RESULT_COLUMNS = [
     "video_id",
     "batch_key",
     "uri",
     "segment",
+    "segments",
     "segment_start_s",
     "segment_end_s",
     "frame_timestamps",
@@ -190,19 +231,21 @@ RESULT_COLUMNS = [
 def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     """Run the streaming job over ``rows`` (video_id, batch_key, uri, duration_s, rotation).
 
-    Yields one result dict per segment as the VLM stage produces it, then one per failed video.
-    """
+    Yields one result dict per segment as the VLM stage produces it (a video the CPU stage could not
+    decode: one error row). A worker lost mid-job may make Ray run a task again, so a segment can come
+    back twice: consumers keep one row per (video_id, segment)."""
     if not rows:
         return
     import ray.data
 
-    sink = ErrorSink.remote()
     ds = ray.data.from_items(rows).repartition(len(rows))  # one video per block: decode spreads wide
     ds = ds.flat_map(
         decode_and_sample,
-        fn_kwargs={"sampling": spec.sampling, "sink": sink},
+        fn_kwargs={"sampling": spec.sampling, "kill_worker_once": spec.kill_decode_worker_once},
         compute=ray.data.TaskPoolStrategy(size=spec.cpu_concurrency),
         num_cpus=1,
+        max_retries=DECODE_TASK_RETRIES,
+        retry_exceptions=False,
         **({"resources": spec.cpu_resources} if spec.cpu_resources else {}),
     )
     if spec.engine.name == "vllm":
@@ -220,20 +263,9 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             compute=ray.data.ActorPoolStrategy(size=spec.vlm_concurrency),
             num_gpus=spec.vlm_num_gpus or None,
             num_cpus=1,
+            max_restarts=VLM_ACTOR_RESTARTS,
+            max_task_retries=VLM_ACTOR_RESTARTS,
             **({"resources": spec.vlm_resources} if spec.vlm_resources else {}),
         )
     for row in ds.iter_rows():
         yield {k: row.get(k) for k in RESULT_COLUMNS}
-    for err in ray.get(sink.all.remote()):
-        yield {
-            **{k: None for k in RESULT_COLUMNS},
-            **err,
-            "frame_timestamps": [],
-            "prose": "",
-            "input_tokens": 0,
-            "output_tokens": 0,
-            "latency_s": 0.0,
-            "engine_s": 0.0,
-            "status": CAPTION_ERROR,
-        }
-    ray.kill(sink)

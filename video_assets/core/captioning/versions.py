@@ -1,11 +1,12 @@
 """Which caption rows belong to one (captioning model, caption prompt) pair, and which videos it has
-already captioned: one definition, used by the captions asset, structuring, routing, evaluation and
+completely captioned: one definition, used by the captions asset, structuring, routing, evaluation and
 promotion. Pure polars."""
 
 from __future__ import annotations
 
 import polars as pl
 
+from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.vocabulary import CAPTION_OK
 
 
@@ -14,7 +15,41 @@ def caption_versions(model_version: str, prompt_version: int) -> pl.Expr:
     return (pl.col("model_version") == model_version) & (pl.col("prompt_version") == prompt_version)
 
 
-def captioned_ok(captions_df: pl.DataFrame, model_version: str, prompt_version: int) -> list[str]:
-    """Videos this model + prompt has already captioned successfully (a rerun skips them)."""
-    ok = captions_df.filter(caption_versions(model_version, prompt_version) & (pl.col("status") == CAPTION_OK))
-    return ok.get_column("video_id").unique().to_list()
+def split_key(sampling: SamplingConfig) -> str:
+    """How a plan splits videos into segments: captions made under another split are not reused."""
+    return f"segment_s={sampling.segment_s or 'none'};scene_split={str(sampling.scene_split).lower()}"
+
+
+def _with_completeness_columns(df: pl.DataFrame) -> pl.DataFrame:
+    # Tables written before these columns existed: no planned count (all rows ok is then complete).
+    for name, dtype in (("segments", pl.Int32), ("split", pl.String)):
+        if name not in df.columns:
+            df = df.with_columns(pl.lit(None, dtype).alias(name))
+    return df
+
+
+def video_completeness(captions_df: pl.DataFrame, model_version: str, prompt_version: int) -> pl.DataFrame:
+    """One row per video this pair has rows for: ``ok_segments``, ``planned`` and ``complete`` (every
+    planned segment present and ok; a video with any error row is not complete)."""
+    df = _with_completeness_columns(captions_df).filter(caption_versions(model_version, prompt_version))
+    per_video = df.group_by("video_id").agg(
+        pl.col("segment").n_unique().alias("rows"),
+        (pl.col("status") == CAPTION_OK).sum().alias("ok_segments"),
+        pl.col("segments").max().alias("planned"),
+        pl.col("split").first().alias("split"),
+    )
+    return per_video.with_columns(
+        complete=(pl.col("ok_segments") == pl.col("rows"))
+        & (pl.col("planned").is_null() | (pl.col("rows") == pl.col("planned")))
+    )
+
+
+def captioned_ok(
+    captions_df: pl.DataFrame, model_version: str, prompt_version: int, split: str | None = None
+) -> list[str]:
+    """Videos this model + prompt has completely captioned (under ``split`` when given): a rerun skips
+    them. A video with a missing or failed segment is not among them, so a rerun captions it again."""
+    done = video_completeness(captions_df, model_version, prompt_version).filter(pl.col("complete"))
+    if split is not None:
+        done = done.filter(pl.col("split").is_null() | (pl.col("split") == split))
+    return done.get_column("video_id").to_list()

@@ -30,6 +30,7 @@ from video_assets.core.captioning.requests import (
     validate_request,
 )
 from video_assets.core.inference.vllm import ERROR_KEY, VllmSettings, processor_config, read_output, sampling_params
+from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
 REQUEST_ID_KEY = "caption_request_id"  # Ray's vLLM stage overwrites "request_id" with its own integer id
 
@@ -132,15 +133,16 @@ def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=No
 
 # -- the captioning job's vLLM stage (see video_assets.captioning.caption_rows) -----------------------
 
-_CARRIED = ("video_id", "batch_key", "uri", "segment", "segment_start_s", "segment_end_s", "decode_s", "decode_node")
-
 
 def _job_result(row: dict[str, Any]) -> dict[str, Any]:
     """A segment row as the job's RESULT_COLUMNS, from a success row or a Ray error row."""
-    if "status" in row and "prose" in row:  # already shaped by the postprocess
-        return row
+    if row.get("status") in (CAPTION_OK, CAPTION_ERROR):  # already shaped by the postprocess
+        return row  # (rows that skipped it carry the column too, as null: Ray unifies the schema)
+    from video_assets.core.captioning.job import CARRIED_COLUMNS, decode_error  # job imports this lazily
+
     resp = from_vllm_row(row)
-    out = {k: row.get(k) for k in _CARRIED}
+    error = resp.error or decode_error(row.get("decode_error"))
+    out = {k: row.get(k) for k in CARRIED_COLUMNS}
     out.update(
         frame_timestamps=[float(t) for t in (row.get("frame_timestamps") or [])],
         engine_s=resp.latency_s,
@@ -148,14 +150,16 @@ def _job_result(row: dict[str, Any]) -> dict[str, Any]:
         input_tokens=resp.input_tokens,
         output_tokens=resp.output_tokens,
         latency_s=resp.latency_s,
-        status="error" if resp.error else "ok",
-        error=resp.error,
+        status=CAPTION_ERROR if error else CAPTION_OK,
+        error=error,
     )
     return out
 
 
 def build_vllm_processor_for_job(ds, spec):
     """Apply the vLLM processor to the job's segment rows (video_id, segment, frames, frame_timestamps, ...)."""
+    from video_assets.core.captioning.job import decode_error
+
     settings = VllmSettings(**spec.vllm)
 
     def _pre(row: dict[str, Any]) -> dict[str, Any]:
@@ -166,8 +170,11 @@ def build_vllm_processor_for_job(ds, spec):
             prompt=spec.prompt,
             max_new_tokens=settings.max_new_tokens,
         )
+        out = to_vllm_row(req, settings.jpeg_quality, settings.max_new_tokens)
+        if error := decode_error(row.get("decode_error")):  # the CPU stage's error row: Ray's stages skip it
+            out = {**out, "messages": [], ERROR_KEY: error}
         # frames=None: the JPEGs in the messages carry them; don't ship the raw array through every stage.
-        return {**to_vllm_row(req, settings.jpeg_quality, settings.max_new_tokens), "frames": None}
+        return {**out, "frames": None}
 
     processor = build_vllm_processor(settings, preprocess=_pre, postprocess=_job_result)
     # Ray's error rows bypass the postprocess; shape them too.

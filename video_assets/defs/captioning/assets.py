@@ -8,7 +8,7 @@ from pydantic import Field
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
-from video_assets.core.captioning.versions import caption_versions, captioned_ok
+from video_assets.core.captioning.versions import caption_versions, captioned_ok, split_key
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
 from video_assets.core.uploads.discovery import printable
@@ -93,7 +93,9 @@ def captions(
     if vlm.is_tiny:
         context.log.warning(TINY_WARNING)
 
-    done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), model_version, prompt.version)
+    done = captioned_ok(
+        tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), model_version, prompt.version, split_key(config.sampling())
+    )
     good = meta.filter(pl.col("ok"))
     todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
     spec = job_spec(config.sampling(), vlm, engine, model, prompt.template)

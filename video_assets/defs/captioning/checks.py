@@ -21,4 +21,27 @@ def captions_ok_rows_have_prose(tables: DeltaTables) -> AssetCheckResult:
     )
 
 
-captioning_checks = [table_checks(CAPTIONS), captions_ok_rows_have_prose]
+@asset_check(
+    asset=captions,
+    description="Every captioned video has a row for each segment its plan had (ok or error): none is half written.",
+)
+def captions_videos_complete(tables: DeltaTables) -> AssetCheckResult:
+    df = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])
+    if "segments" not in df.columns:  # a table from before planned counts were recorded
+        df = df.with_columns(pl.lit(None, pl.Int32).alias("segments"))
+    per_video = df.group_by("video_id", "model_version", "prompt_version").agg(
+        pl.col("segment").n_unique().alias("rows"), pl.col("segments").max().alias("planned")
+    )
+    partial = per_video.filter(pl.col("planned").is_not_null() & (pl.col("rows") != pl.col("planned")))
+    return AssetCheckResult(
+        passed=partial.is_empty(),
+        severity=AssetCheckSeverity.ERROR,
+        metadata={
+            "videos": per_video.height,
+            "incomplete_videos": partial.height,
+            "examples": partial.head(5).select("video_id", "rows", "planned").to_dicts(),
+        },
+    )
+
+
+captioning_checks = [table_checks(CAPTIONS), captions_ok_rows_have_prose, captions_videos_complete]

@@ -8,19 +8,20 @@ from pathlib import Path
 import polars as pl
 from dagster import Failure
 
-from resources.delta import DeltaTables
+from resources.delta import DeltaTables, sql_literal
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
+from video_assets.core.captioning.versions import split_key
 from video_assets.core.inference import choose_engine_name
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
-from video_assets.core.vocabulary import CAPTION_OK
+from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
-WRITE_EVERY = 32  # rows per Delta merge: a crash loses at most this much work
+WRITE_EVERY = 32  # rows per Delta merge (whole videos): a crash loses at most this much work
 
 
 def cluster_gpus() -> float | None:
@@ -84,10 +85,14 @@ def job_spec(
 def run_captioning(
     log, tables: DeltaTables, todo: pl.DataFrame, spec: JobSpec, stamp: dict, pending: list[dict] | None = None
 ) -> dict:
-    """Caption ``todo`` (video_metadata rows) with one Ray Data job; merge rows every WRITE_EVERY.
-    ``pending`` rows (e.g. probe rejects) are written with the first merge."""
+    """Caption ``todo`` (video_metadata rows) with one Ray Data job. Rows are written whole videos at a
+    time (merged every WRITE_EVERY rows), each write replacing everything the video had for this model
+    and prompt, so a crash between writes never leaves a video half captioned, and stale segments of an
+    earlier split go. ``pending`` rows (e.g. probe rejects) are written with the first merge."""
     started = time.perf_counter()
-    pending = list(pending or [])
+    split = split_key(spec.sampling)
+    ready = [{**r, "segments": 1} for r in pending or []]
+    arrived: dict[str, dict[int, dict]] = {}  # video -> segment -> row, until every planned segment is in
     written = cpu_s = engine_s = 0.0
     nodes: dict[str, set[str]] = {"decode": set(), "engine": set()}  # Ray node ids each stage ran on
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
@@ -104,11 +109,25 @@ def run_captioning(
         for stage in nodes:
             if row.get(f"{stage}_node"):
                 nodes[stage].add(row[f"{stage}_node"])
-        pending.append(row)
-        if len(pending) >= WRITE_EVERY:
-            written += _write(tables, pending, stamp)
-            pending = []
-    written += _write(tables, pending, stamp)
+        segments = arrived.setdefault(row["video_id"], {})
+        segments[int(row["segment"])] = row  # a segment Ray computed twice (a retried task) is kept once
+        if len(segments) >= (row.get("segments") or 1):
+            ready.extend(arrived.pop(row["video_id"]).values())
+            if len(ready) >= WRITE_EVERY:
+                written += _write(tables, ready, stamp, split)
+                ready = []
+    for segments in arrived.values():  # the job ended without some segments: say so, per segment
+        planned = max(int(r.get("segments") or 1) for r in segments.values())
+        some = next(iter(segments.values()))
+        missing = [i for i in range(planned) if i not in segments]
+        log.warning(f"{printable(some['uri'])}: no result for segments {missing}; written as error rows")
+        ready.extend(segments.values())
+        ready.extend(
+            {**{k: some.get(k) for k in ("video_id", "batch_key", "uri", "segments")}, "segment": i}
+            | {"frame_timestamps": [], "prose": "", "status": CAPTION_ERROR, "error": "the job returned no result"}
+            for i in missing
+        )
+    written += _write(tables, ready, stamp, split)
     return {
         "written": written,
         "wall_s": time.perf_counter() - started,
@@ -118,11 +137,19 @@ def run_captioning(
     }
 
 
-def _write(tables: DeltaTables, rows: list[dict], stamp: dict) -> int:
+def _write(tables: DeltaTables, rows: list[dict], stamp: dict, split: str) -> int:
+    """Merge whole videos; in the same commit, drop rows of those videos (this model and prompt) that
+    the new rows do not have."""
     if not rows:
         return 0
     now = datetime.now(UTC)
     cols = [f.name for f in SCHEMAS[CAPTIONS]]
-    full = [{**{c: r.get(c) for c in cols}, **stamp, "captioned_at": now} for r in rows]
-    tables.merge(CAPTIONS, to_arrow(CAPTIONS, full), KEYS[CAPTIONS])
+    full = [{**{c: r.get(c) for c in cols}, **stamp, "split": split, "captioned_at": now} for r in rows]
+    videos = sorted({r["video_id"] for r in full})
+    scope = (
+        f"t.video_id IN ({', '.join(sql_literal(v) for v in videos)})"
+        f" AND t.model_version = {sql_literal(str(stamp['model_version']))}"
+        f" AND t.prompt_version = {int(stamp['prompt_version'])}"
+    )
+    tables.merge(CAPTIONS, to_arrow(CAPTIONS, full), KEYS[CAPTIONS], replace_scope=scope)
     return len(full)

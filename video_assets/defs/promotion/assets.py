@@ -28,7 +28,7 @@ from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
-from video_assets.core.captioning.versions import caption_versions, captioned_ok
+from video_assets.core.captioning.versions import caption_versions, captioned_ok, split_key
 from video_assets.core.evaluation.gate import GATED, decide
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
@@ -78,7 +78,8 @@ def _ensure_captions(
 ) -> ModelFiles:
     """Caption the golden videos this (model, prompt) has not captioned yet; returns the model's files."""
     model, _ = registered_model_files(registry, vlm, model_alias)
-    done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), mv, pv)
+    sampling = SamplingConfig(min_frames=cfg.min_frames, max_frames=cfg.max_frames)
+    done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), mv, pv, split_key(sampling))
     todo = videos.filter(~pl.col("video_id").is_in(done))
     context.log.info(
         f"model v{mv} prompt v{pv}: {todo.height} golden videos to caption, {videos.height - todo.height} cached"
@@ -86,7 +87,6 @@ def _ensure_captions(
     if todo.height:
         prompt = registry.load_prompt(CAPTION_PROMPT_NAME, prompt_alias)
         engine = engine_name(vlm)
-        sampling = SamplingConfig(min_frames=cfg.min_frames, max_frames=cfg.max_frames)
         spec = job_spec(sampling, vlm, engine, model, prompt.template)
         stamp = {"model_name": vlm.registered_model, "model_version": mv, "prompt_version": pv, "engine": engine}
         stats = run_captioning(context.log, tables, todo, spec, stamp)

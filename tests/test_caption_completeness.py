@@ -1,0 +1,215 @@
+"""Captions are complete or redone: a crash between merges, a lost Ray worker, a failed segment or a new
+split never leaves a video counted as captioned with segments missing. Real local Ray, real Delta
+tables, real MLflow store, the tiny real model."""
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+import pytest
+from dagster import materialize
+from dagster_ray import LocalRay
+
+import video_assets.defs.captioning.runner as runner
+from resources.delta import DeltaTables
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+from tests.conftest import copy_samples
+from video_assets.core.captioning.versions import captioned_ok, split_key, video_completeness
+from video_assets.core.inference.model_cache import ModelFiles
+from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.tables import CAPTIONS, SCHEMAS, to_arrow
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.captioning.checks import captioning_checks
+from video_assets.defs.ingest.assets import raw_videos, video_metadata
+from video_assets.defs.ingest.registration import register_new_files
+from video_assets.defs.models.assets import caption_prompt, vlm_model
+from video_assets.defs.partitions import video_batches
+
+# 5, 2, 1 and 1 segments of 2 s.
+CLIPS = ["sam2_04_coffee.mp4", "carphone_distorted.mp4", "fire2.mp4", "asl_eat.mkv"]
+SPLIT_2S = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2, "segment_s": 2.0}}}}
+WHOLE = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
+
+
+class CrashOnSecondCaptionMerge(DeltaTables):
+    """The real tables, with a crash injected where the process would die: the second captions merge."""
+
+    def merge(self, name, rows, keys, **kwargs):
+        if name == CAPTIONS:
+            marker = Path(self.root_uri) / ".caption-merges"
+            done = int(marker.read_text()) if marker.exists() else 0
+            marker.write_text(str(done + 1))
+            if done == 1:
+                raise RuntimeError("injected crash between two caption merges")
+        return super().merge(name, rows, keys, **kwargs)
+
+
+def _per_video(tables: DeltaTables) -> dict[str, tuple[int, int, int]]:
+    """name -> (rows, distinct segments, planned segments)."""
+    df = pl.read_delta(tables.table_uri(CAPTIONS)).with_columns(name=pl.col("uri").str.split("/").list.last())
+    agg = df.group_by("name").agg(pl.len(), pl.col("segment").n_unique(), pl.col("segments").max())
+    return {n: (rows, distinct, planned) for n, rows, distinct, planned in agg.iter_rows()}
+
+
+@pytest.mark.slow
+def test_a_crash_between_merges_then_a_rerun_leaves_every_video_whole(
+    instance, resources, volume_dir, tiny_model_cache, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(runner, "WRITE_EVERY", 2)  # several merges in one small batch
+    copy_samples(volume_dir, CLIPS)
+    tables = resources["tables"]
+    res = {
+        **resources,
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
+        ),
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=4, vlm_batch_size=4),
+        "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+    }
+    [key] = register_new_files(res["volume"], tables).batches
+    instance.add_dynamic_partitions(video_batches.name, [key])
+    assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+    assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
+
+    def caption(run_config, tables_resource):
+        return materialize(
+            [captions, vlm_model, caption_prompt, raw_videos, video_metadata, *captioning_checks],
+            selection=[captions, *captioning_checks],
+            partition_key=key,
+            instance=instance,
+            resources={**res, "tables": tables_resource},
+            run_config=run_config,
+            raise_on_error=False,
+        )
+
+    crashed = caption(SPLIT_2S, CrashOnSecondCaptionMerge(root_uri=tables.root_uri))
+    assert not crashed.success
+    first = _per_video(tables)
+    assert first, "the first merge should have landed before the crash"
+    # Only whole videos were written: every video present has all its planned segments.
+    assert all(rows == distinct == planned for rows, distinct, planned in first.values()), first
+    assert len(first) < len(CLIPS)
+
+    again = caption(SPLIT_2S, tables)
+    assert again.success
+    assert {e.check_name: e.passed for e in again.get_asset_check_evaluations()}["captions_videos_complete"]
+    meta = again.asset_materializations_for_node("captions")[0].metadata
+    assert meta["videos_cached"].value == len(first)  # the whole videos were reused, the rest captioned
+    after = _per_video(tables)
+    assert after == {"sam2_04_coffee.mp4": (5, 5, 5), "carphone_distorted.mp4": (2, 2, 2), **_ones(after)}
+    assert set(after) == set(CLIPS)
+
+    # Another split: the videos are captioned again and their old segments replaced, none left stale.
+    whole = caption(WHOLE, tables)
+    assert whole.success
+    assert whole.asset_materializations_for_node("captions")[0].metadata["videos_cached"].value == 0
+    assert _per_video(tables) == dict.fromkeys(CLIPS, (1, 1, 1))
+    splits = set(pl.read_delta(tables.table_uri(CAPTIONS))["split"])
+    assert splits == {"segment_s=none;scene_split=false"}
+
+
+def _ones(found: dict) -> dict:
+    return {n: (1, 1, 1) for n in ("fire2.mp4", "asl_eat.mkv") if n in found}
+
+
+@pytest.mark.slow
+def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, tmp_path):
+    """Fault injection: the first decode task kills its Ray worker (as an OOM kill would). Ray runs the
+    task again; the written table has exactly one row per (video, segment), every video whole."""
+    import ray
+
+    marker = tmp_path / "killed"
+    tables = DeltaTables(root_uri=str(tmp_path / "tables"))
+    vlm = VlmSettings(cache_dir=str(tmp_path), engine="transformers", max_new_tokens=4, vlm_batch_size=4)
+    sampling = SamplingConfig(min_frames=2, max_frames=3, segment_s=2.0)
+    spec = runner.job_spec(sampling, vlm, "transformers", ModelFiles(str(tiny_model)), "Describe.")
+    spec = replace(spec, kill_decode_worker_once=str(marker), cpu_concurrency=1)
+    samples = Path(__file__).resolve().parents[1] / "samples"
+    todo = pl.DataFrame(
+        [
+            {"video_id": f"v{i}", "batch_key": "b", "uri": str(samples / n), "duration_s": None, "rotation": 0}
+            for i, n in enumerate(CLIPS[:3])
+        ],
+        schema={
+            "video_id": pl.String,
+            "batch_key": pl.String,
+            "uri": pl.String,
+            "duration_s": pl.Float64,
+            "rotation": pl.Int64,
+        },
+    )
+    stamp = {"model_name": "tiny", "model_version": "1", "prompt_version": 1, "engine": "transformers"}
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        runner.run_captioning(_Log(), tables, todo, spec, stamp)
+    finally:
+        ray.shutdown()
+    assert marker.exists(), "the fault was not injected"
+    df = pl.read_delta(tables.table_uri(CAPTIONS))
+    assert df.group_by("video_id", "segment").len()["len"].max() == 1
+    assert (df["status"] == "ok").all()
+    assert sorted(captioned_ok(df, "1", 1, split_key(sampling))) == ["v0", "v1", "v2"]
+    assert df.height == 5 + 2 + 1
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, msg):
+        self.lines.append(msg)
+
+    warning = info
+
+
+def _rows(video: str, statuses: list[str], planned: int | None, split: str | None = "s") -> list[dict]:
+    return [
+        {
+            "video_id": video,
+            "batch_key": "b",
+            "uri": f"/v/{video}.mp4",
+            "segment": i,
+            "frame_timestamps": [],
+            "prose": "x",
+            "model_name": "m",
+            "model_version": "1",
+            "prompt_version": 1,
+            "engine": "transformers",
+            "status": status,
+            "segments": planned,
+            "split": split,
+            "captioned_at": datetime.now(UTC),
+        }
+        for i, status in enumerate(statuses)
+    ]
+
+
+def test_a_video_counts_as_captioned_only_when_every_planned_segment_is_ok():
+    df = pl.from_arrow(
+        to_arrow(
+            CAPTIONS,
+            _rows("whole", ["ok", "ok", "ok"], 3)
+            + _rows("one_failed", ["ok", "error", "ok"], 3)
+            + _rows("one_missing", ["ok", "ok"], 3)
+            + _rows("other_split", ["ok"], 1, split="t")
+            + _rows("legacy", ["ok", "ok"], None, split=None),
+        )
+    )
+    assert sorted(captioned_ok(df, "1", 1)) == ["legacy", "other_split", "whole"]
+    assert sorted(captioned_ok(df, "1", 1, split="s")) == ["legacy", "whole"]
+    assert captioned_ok(df, "2", 1) == [] and captioned_ok(df, "1", 2) == []
+    table = video_completeness(df, "1", 1).sort("video_id")
+    assert table.filter(pl.col("video_id") == "one_missing").row(0, named=True) | {} == {
+        "video_id": "one_missing",
+        "rows": 2,
+        "ok_segments": 2,
+        "planned": 3,
+        "split": "s",
+        "complete": False,
+    }
+    # A table written before the completeness columns existed reads the same way.
+    legacy = df.drop("segments", "split")
+    assert sorted(captioned_ok(legacy, "1", 1, split="s")) == ["legacy", "one_missing", "other_split", "whole"]
+    assert SCHEMAS[CAPTIONS].field("segments") is not None
