@@ -85,9 +85,20 @@ def decode_error(value) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _preview(frames, timestamps) -> bytes:
+    """A small JPEG strip of a segment's frames, so the asset can show what the model saw without
+    decoding the video again; never fails the row."""
+    from video_assets.core.charts import thumbnail_strip
+
+    try:
+        return thumbnail_strip(frames, timestamps)
+    except Exception:
+        return b""
+
+
 def decode_and_sample(row: dict, sampling: SamplingConfig, kill_worker_once: str | None = None) -> list[dict]:
-    """CPU stage: one video in, one row per segment out (frames included); a video that cannot be
-    decoded is one row with ``decode_error`` set."""
+    """CPU stage: one video in, one row per segment out (frames included, and a preview strip on the
+    first); a video that cannot be decoded is one row with ``decode_error`` set."""
     started = time.perf_counter()
     try:
         sampled = sample_video(row["uri"], sampling, row.get("duration_s"), row.get("rotation"))
@@ -104,6 +115,7 @@ def decode_and_sample(row: dict, sampling: SamplingConfig, kill_worker_once: str
                 "decode_s": time.perf_counter() - started,
                 "decode_node": _node_id(),
                 "decode_error": f"{exc.__class__.__name__}: {exc}",
+                "preview": b"",
             }
         ]
     _kill_worker_once(kill_worker_once)
@@ -120,6 +132,7 @@ def decode_and_sample(row: dict, sampling: SamplingConfig, kill_worker_once: str
             "decode_s": decode_s,
             "decode_node": _node_id(),
             "decode_error": "",  # not None: a column of Nones reaches the VLM stage as float NaN
+            "preview": _preview(seg.frames, seg.timestamps) if seg.index == 0 else b"",
         }
         for seg in sampled.segments
     ]
@@ -204,6 +217,7 @@ CARRIED_COLUMNS = (
     "segment_end_s",
     "decode_s",
     "decode_node",
+    "preview",
 )
 
 RESULT_COLUMNS = [
@@ -225,6 +239,7 @@ RESULT_COLUMNS = [
     "error",
     "decode_node",  # Ray node ids of the two stages: not table columns, reported in the metadata
     "engine_node",
+    "preview",  # JPEG strip of segment 0's frames (b"" on other segments): metadata, not a table column
 ]
 
 

@@ -19,8 +19,6 @@ from video_assets.defs.ingest.assets import video_metadata
 from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, TINY_WARNING, caption_prompt, vlm_model
 from video_assets.defs.partitions import video_batches
 
-THUMBNAIL_VIDEOS = 3  # videos whose sampled frames are shown in the materialisation
-
 
 class CaptionsConfig(Config):
     fps: float = Field(default=1.0, gt=0, description="Frames per second sampled")
@@ -115,7 +113,7 @@ def captions(
     after = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])  # one read after writing serves every figure below
     out = after.filter((pl.col("batch_key") == batch) & caption_versions(model_version, prompt.version))
     errors = out.filter(pl.col("status") == CAPTION_ERROR)
-    strips = _thumbnails(context.log, meta.filter(pl.col("ok")), config, THUMBNAIL_VIDEOS)
+    strips = _thumbnails(stats["previews"])
     return MaterializeResult(
         data_version=DataVersion(f"model-v{model_version}-prompt-v{prompt.version}"),
         metadata={
@@ -140,21 +138,11 @@ def captions(
     )
 
 
-def _thumbnails(log, videos: pl.DataFrame, config: CaptionsConfig, limit: int) -> str:
-    """Markdown with a strip of the frames the model saw, for the first ``limit`` videos (re-sampled
-    with the same plan: the frames are not kept after the Ray job)."""
-    from video_assets.core.charts import markdown_image, thumbnail_strip
-    from video_assets.core.media.sampling import sample_video
+def _thumbnails(previews: list[tuple[str, int, bytes]]) -> str:
+    """Markdown with the strips of frames the model saw (made by the job's decode stage)."""
+    from video_assets.core.charts import markdown_image
 
-    parts = []
-    for uri, duration, rotation in videos.select("uri", "duration_s", "rotation").head(limit).iter_rows():
-        try:
-            seg = sample_video(uri, config.sampling(), duration, rotation).segments[0]
-            png = thumbnail_strip(seg.frames, seg.timestamps)
-        except Exception as exc:  # a preview must never fail the asset
-            log.warning(f"no thumbnail strip for {printable(uri)}: {type(exc).__name__}: {printable(exc)}")
-            continue
-        parts.append(
-            f"**{printable(uri.rsplit('/', 1)[-1])}** (segment 0, {len(seg.timestamps)} frames)\n\n{markdown_image(png, 'sampled frames')}"
-        )
-    return "\n\n".join(parts)
+    return "\n\n".join(
+        f"**{printable(uri.rsplit('/', 1)[-1])}** (segment 0, {n} frames)\n\n{markdown_image(jpeg, 'sampled frames')}"
+        for uri, n, jpeg in previews
+    )

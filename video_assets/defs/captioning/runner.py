@@ -21,6 +21,7 @@ from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
+PREVIEW_VIDEOS = 3  # videos whose sampled frames the materialisation shows
 WRITE_EVERY = 32  # rows per Delta merge (whole videos): a crash loses at most this much work
 
 
@@ -95,6 +96,7 @@ def run_captioning(
     arrived: dict[str, dict[int, dict]] = {}  # video -> segment -> row, until every planned segment is in
     written = cpu_s = engine_s = 0.0
     nodes: dict[str, set[str]] = {"decode": set(), "engine": set()}  # Ray node ids each stage ran on
+    previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     for n_rows, row in enumerate(caption_rows(videos, spec) if videos else [], start=1):
         name = printable(row["uri"].rsplit("/", 1)[-1])
@@ -109,6 +111,8 @@ def run_captioning(
         for stage in nodes:
             if row.get(f"{stage}_node"):
                 nodes[stage].add(row[f"{stage}_node"])
+        if row.get("preview") and len(previews) < PREVIEW_VIDEOS:
+            previews.append((row["uri"], len(row.get("frame_timestamps") or []), row["preview"]))
         segments = arrived.setdefault(row["video_id"], {})
         segments[int(row["segment"])] = row  # a segment Ray computed twice (a retried task) is kept once
         if len(segments) >= (row.get("segments") or 1):
@@ -134,6 +138,7 @@ def run_captioning(
         "cpu_s": cpu_s,
         "engine_s": engine_s,
         "nodes": {k: sorted(v) for k, v in nodes.items()},
+        "previews": previews,
     }
 
 
