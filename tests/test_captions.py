@@ -81,6 +81,13 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
     assert mat.metadata["engine_busy_s"].value > 0
     assert mat.metadata["cpu_stage_s"].value > 0
     assert mat.metadata["model_uri"].value == "models:/video-captioner@production"
+    # Where the time went: the parts add up to the step's wall time; Ray's start is in the set-up.
+    cost = mat.metadata["cost_breakdown"].value
+    parts = cost["wall_s"]
+    assert {"setup", "resolve_model", "delta", "job_startup", "job_streaming", "other", "total"} <= set(parts)
+    assert abs(sum(v for k, v in parts.items() if k != "total") - parts["total"]) < 0.01 * parts["total"] + 0.05
+    assert parts["setup"] > 0.5 and parts["job_startup"] > 0 and parts["delta"] > 0
+    assert cost["busy_s"]["generation"] > 0 and cost["busy_s"]["decode_cpu"] > 0
 
     # Rerun: cached videos are skipped, the failed one retried, and the row count stays the same.
     again = caption()

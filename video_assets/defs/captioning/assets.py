@@ -14,7 +14,7 @@ from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR
 from video_assets.defs.captioning.runner import engine_name, job_spec, registered_model_files, run_captioning
-from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, CostBreakdown, stage_asset, table_metadata
 from video_assets.defs.ingest.assets import video_metadata
 from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, TINY_WARNING, caption_prompt, vlm_model
 from video_assets.defs.partitions import video_batches
@@ -73,12 +73,15 @@ def captions(
     Ray Data streaming job: a wide CPU stage decodes and samples frames, a narrow VLM stage captions.
     Rows are merged on (video_id, segment, model_version, prompt_version), so reruns are idempotent."""
     batch = context.partition_key
-    meta = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA]).filter(pl.col("batch_key") == batch)
+    cost = CostBreakdown(context)
+    with cost.part("delta"):
+        meta = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA]).filter(pl.col("batch_key") == batch)
     if meta.is_empty():
         raise Failure(f"video_metadata has no rows for batch {batch!r}: materialise it first")
     try:
-        model, model_version = registered_model_files(mlflow_registry, vlm, vlm.alias)
-        prompt = mlflow_registry.load_prompt(CAPTION_PROMPT_NAME, vlm.alias)
+        with cost.part("resolve_model"):
+            model, model_version = registered_model_files(mlflow_registry, vlm, vlm.alias)
+            prompt = mlflow_registry.load_prompt(CAPTION_PROMPT_NAME, vlm.alias)
     except Exception as exc:
         raise Failure(
             f"cannot resolve models:/{vlm.registered_model}@{vlm.alias} or prompts:/{CAPTION_PROMPT_NAME}@{vlm.alias} "
@@ -91,9 +94,9 @@ def captions(
     if vlm.is_tiny:
         context.log.warning(TINY_WARNING)
 
-    done = captioned_ok(
-        tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), model_version, prompt.version, split_key(config.sampling())
-    )
+    with cost.part("delta"):
+        existing = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])
+    done = captioned_ok(existing, model_version, prompt.version, split_key(config.sampling()))
     good = meta.filter(pl.col("ok"))
     todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
     spec = job_spec(config.sampling(), vlm, engine, model, prompt.template)
@@ -109,8 +112,12 @@ def captions(
     }
     stats = run_captioning(context.log, tables, todo, spec, stamp, _skipped_rows(meta.filter(~pl.col("ok"))))
     written, wall_s, cpu_s, engine_s = stats["written"], stats["wall_s"], stats["cpu_s"], stats["engine_s"]
+    cost.add("job_startup", stats["first_row_s"])
+    cost.add("job_streaming", wall_s - stats["first_row_s"] - stats["delta_s"])
+    cost.add("delta", stats["delta_s"])
 
-    after = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])  # one read after writing serves every figure below
+    with cost.part("delta"):
+        after = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])  # one read after writing serves every figure below
     out = after.filter((pl.col("batch_key") == batch) & caption_versions(model_version, prompt.version))
     errors = out.filter(pl.col("status") == CAPTION_ERROR)
     strips = _thumbnails(stats["previews"])
@@ -133,6 +140,9 @@ def captions(
             "cpu_stage_s": MetadataValue.float(round(cpu_s, 3)),
             "engine_busy_s": MetadataValue.float(round(engine_s, 3)),
             "ray_nodes": MetadataValue.json(stats["nodes"]),
+            # Where the step's time went: set-up (Ray), model resolution, Delta, the job's start-up
+            # (actors, model load) and streaming; busy figures overlap the wall time.
+            "cost_breakdown": cost.metadata(decode_cpu=cpu_s, generation=engine_s),
             "output_tokens": MetadataValue.int(int(out.get_column("output_tokens").sum() or 0)),
         },
     )

@@ -94,11 +94,14 @@ def run_captioning(
     split = split_key(spec.sampling)
     ready = [{**r, "segments": 1} for r in pending or []]
     arrived: dict[str, dict[int, dict]] = {}  # video -> segment -> row, until every planned segment is in
-    written = cpu_s = engine_s = 0.0
+    written = cpu_s = engine_s = delta_s = 0.0
+    first_row_s = None  # Ray Data start-up, actor spawn, model load and the first batch
     nodes: dict[str, set[str]] = {"decode": set(), "engine": set()}  # Ray node ids each stage ran on
     previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     for n_rows, row in enumerate(caption_rows(videos, spec) if videos else [], start=1):
+        if first_row_s is None:
+            first_row_s = time.perf_counter() - started
         name = printable(row["uri"].rsplit("/", 1)[-1])
         if row["status"] == CAPTION_OK:
             log.info(
@@ -118,7 +121,9 @@ def run_captioning(
         if len(segments) >= (row.get("segments") or 1):
             ready.extend(arrived.pop(row["video_id"]).values())
             if len(ready) >= WRITE_EVERY:
+                t0 = time.perf_counter()
                 written += _write(tables, ready, stamp, split)
+                delta_s += time.perf_counter() - t0
                 ready = []
     for segments in arrived.values():  # the job ended without some segments: say so, per segment
         planned = max(int(r.get("segments") or 1) for r in segments.values())
@@ -131,10 +136,14 @@ def run_captioning(
             | {"frame_timestamps": [], "prose": "", "status": CAPTION_ERROR, "error": "the job returned no result"}
             for i in missing
         )
+    t0 = time.perf_counter()
     written += _write(tables, ready, stamp, split)
+    delta_s += time.perf_counter() - t0
     return {
         "written": written,
         "wall_s": time.perf_counter() - started,
+        "first_row_s": first_row_s or 0.0,
+        "delta_s": delta_s,
         "cpu_s": cpu_s,
         "engine_s": engine_s,
         "nodes": {k: sorted(v) for k, v in nodes.items()},
