@@ -14,7 +14,10 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
+    Backoff,
+    Jitter,
     MetadataValue,
+    RetryPolicy,
     TableColumn,
     TableSchema,
     multi_asset_check,
@@ -28,6 +31,11 @@ OWNERS = ["team:video-platform"]
 # Steps that hold a model engine: limited together by the instance (dagster.yaml `concurrency.pools`).
 ACCELERATOR_POOL = "accelerator"
 PACKAGE = Path(__file__).resolve().parents[1]
+# For steps whose writes are idempotent (keyed merges, one-commit replacements, registrations keyed by
+# content): a transient storage or MLflow error is worth two more tries, 10 s then about 20 s later.
+# A step that is not idempotent (e.g. one that records a new decision or MLflow run) gets none.
+# Errors that a retry cannot fix are raised as Failure(allow_retries=False).
+TRANSIENT_RETRY = RetryPolicy(max_retries=2, delay=10, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 
 # The source each stage's assets run, relative to video_assets/: a change to any of these files is a
 # new code version, so Dagster's staleness view flags the stage's materialisations as out of date.
