@@ -46,7 +46,7 @@ def vlm_model(
 ) -> MaterializeResult:
     try:
         folder, fingerprint = vlm.materialize_source()
-    except (ValueError, RuntimeError) as exc:  # a bad or unfetchable source: a retry cannot fix it
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:  # a bad or unfetchable source: a retry cannot fix it
         raise Failure(str(exc), allow_retries=False) from exc
     registered = mlflow_registry.register_model_folder(
         folder,
