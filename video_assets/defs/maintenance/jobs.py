@@ -1,21 +1,41 @@
 """Delta table maintenance: compact, then vacuum with a retention that keeps time travel working."""
 
-from dagster import Config, OpExecutionContext, job, op
+from dagster import Config, Failure, OpExecutionContext, job, op
 from pydantic import Field
 
-from resources.delta import DeltaTables
+from resources.delta import MIN_RETENTION_HOURS, DeltaTables
 from video_assets.core.tables import SCHEMAS
+from video_assets.defs.common import TRANSIENT_RETRY
 
 
 class MaintenanceConfig(Config):
-    retention_hours: int = Field(default=168, ge=0, description="Keep unreferenced files this long (time travel)")
+    retention_hours: int = Field(
+        default=MIN_RETENTION_HOURS,
+        ge=0,
+        description=f"Keep unreferenced files this long (time travel); at least {MIN_RETENTION_HOURS} "
+        "unless allow_short_retention",
+    )
+    allow_short_retention: bool = Field(
+        default=False,
+        description=f"Allow retention_hours below {MIN_RETENTION_HOURS}: only when no run writes the tables, "
+        "as vacuum may otherwise delete files a running batch has written but not committed",
+    )
 
 
-@op(description="Compact and vacuum every table of the product.")
+# Compaction and vacuum are idempotent (a rerun finds less to do), so a transient storage error is retried.
+@op(description="Compact and vacuum every table of the product.", retry_policy=TRANSIENT_RETRY)
 def maintain_tables(context: OpExecutionContext, config: MaintenanceConfig, tables: DeltaTables) -> list[dict]:
+    if config.retention_hours < MIN_RETENTION_HOURS and not config.allow_short_retention:
+        # Checked before any table is touched, and not retried: a config error stays one.
+        raise Failure(
+            f"retention_hours={config.retention_hours} is below the {MIN_RETENTION_HOURS} h floor: vacuum could "
+            "delete files a running batch has written but not committed yet. Set allow_short_retention: true "
+            "in the maintain_tables op config only when no run writes the tables.",
+            allow_retries=False,
+        )
     results = []
     for name in SCHEMAS:
-        result = tables.maintain(name, config.retention_hours)
+        result = tables.maintain(name, config.retention_hours, config.allow_short_retention)
         context.log.info(f"{name}: {result}")
         results.append(result)
     return results

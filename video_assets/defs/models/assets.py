@@ -5,9 +5,9 @@ from pathlib import Path
 from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
-from resources.mlflow_registry import MlflowRegistry
+from resources.mlflow_registry import MlflowRegistry, RegistryError, is_not_found
 from resources.vlm import VlmSettings
-from video_assets.defs.common import stage_asset
+from video_assets.defs.common import TRANSIENT_RETRY, stage_asset
 
 CAPTION_PROMPT_NAME = "video-caption"
 CAPTION_PROMPT_FILE = Path(__file__).resolve().parents[2] / "prompts" / "caption.txt"
@@ -32,8 +32,11 @@ def _size_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+# Idempotent (a version is keyed by the source's fingerprint, the alias placement re-derived): retried
+# on transient MLflow or storage errors.
 @asset(
     **stage_asset("models", kinds=("mlflow",)),
+    retry_policy=TRANSIENT_RETRY,
     description="The captioning VLM registered in MLflow in path form. The first version goes behind "
     "`production`; a later new version behind `challenger`, for the promote_challenger job to evaluate. "
     "Idempotent: the same source and revision does not create a new version.",
@@ -41,7 +44,10 @@ def _size_bytes(folder: Path) -> int:
 def vlm_model(
     context: AssetExecutionContext, config: RegistrationConfig, vlm: VlmSettings, mlflow_registry: MlflowRegistry
 ) -> MaterializeResult:
-    folder, fingerprint = vlm.materialize_source()
+    try:
+        folder, fingerprint = vlm.materialize_source()
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:  # a bad or unfetchable source: a retry cannot fix it
+        raise Failure(str(exc), allow_retries=False) from exc
     registered = mlflow_registry.register_model_folder(
         folder,
         name=vlm.registered_model,
@@ -78,8 +84,10 @@ def vlm_model(
     )
 
 
+# Idempotent (a new version only when the text changed): retried on transient MLflow errors.
 @asset(
     **stage_asset("models", kinds=("mlflow",)),
+    retry_policy=TRANSIENT_RETRY,
     description="The caption prompt (video_assets/prompts/caption.txt) in the MLflow prompt registry; "
     "a new version only when the text changes. The first version goes behind `production`, a later one "
     "behind `challenger` (see vlm_model).",
@@ -109,12 +117,20 @@ def caption_prompt(
 
 def production_versions(vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> tuple[str, int]:
     """(model version, prompt version) behind the production alias, or a Failure that says what to run."""
+    from mlflow.exceptions import MlflowException
+
     try:
         model = mlflow_registry.resolve_alias(vlm.registered_model, vlm.alias)
         prompt = mlflow_registry.load_prompt(CAPTION_PROMPT_NAME, vlm.alias)
-    except Exception as exc:
+    except MlflowException as exc:
+        if not is_not_found(exc):  # a registry error: fail (retryable), never guess
+            raise RegistryError(
+                f"MLflow registry error resolving the {vlm.alias} model/prompt at {mlflow_registry.tracking_uri}: "
+                f"{exc}. Check the store (MLFLOW_TRACKING_URI) and rerun."
+            ) from exc
         raise Failure(
-            f"cannot resolve the {vlm.alias} model/prompt in {mlflow_registry.tracking_uri}: {exc}. "
-            "Materialise vlm_model and caption_prompt (job register_model) first."
+            f"no {vlm.alias} model/prompt in {mlflow_registry.tracking_uri}: {exc}. "
+            "Materialise vlm_model and caption_prompt (job register_model) first.",
+            allow_retries=False,
         ) from exc
     return str(model.version), int(prompt.version)

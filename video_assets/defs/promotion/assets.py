@@ -121,6 +121,7 @@ def _ensure_structured(context, tables, settings, uc, model: ModelFiles, ids, mv
 @asset(
     deps=[eval_scores, golden_set, vlm_model, caption_prompt],
     output_required=False,  # no challenger: nothing decided, nothing materialised
+    # No retry policy: an attempt records MLflow runs and may record a decision; a rerun is the operator's.
     pool=ACCELERATOR_POOL,
     **stage_asset("promotion", PROMOTIONS, kinds=("mlflow", "ray")),
 )
@@ -200,17 +201,6 @@ def promotion_decisions(
     (prow, _), (crow, _) = results["production"], results["challenger"]
     promoted, reason = decide(prow, crow, config.tolerance, config.metrics)
     context.log.info(reason)
-    if promoted:
-        if cm:
-            reg.set_alias("model", name, vlm.alias, cm)
-        if cp:
-            reg.set_alias("prompt", CAPTION_PROMPT_NAME, vlm.alias, cp)
-    # Either way the challenger has had its evaluation: the alias is cleared, the verdict kept as a tag.
-    if cm:
-        reg.client().set_model_version_tag(name, cm, "promotion", reason[:500])
-        reg.delete_alias("model", name, CHALLENGER)
-    if cp:
-        reg.delete_alias("prompt", CAPTION_PROMPT_NAME, CHALLENGER)
     decision = {
         "decision_id": uuid.uuid4().hex[:16],
         "decided_at": datetime.now(UTC),
@@ -225,7 +215,20 @@ def promotion_decisions(
         "production_eval_id": prow["eval_id"],
         "challenger_eval_id": crow["eval_id"],
     }
+    # The decision is recorded before any alias moves: production never changes without a row saying
+    # why. A failure after this leaves the challenger alias in place, so a rerun decides again.
     tables.merge(PROMOTIONS, to_arrow(PROMOTIONS, [decision]), KEYS[PROMOTIONS])
+    if promoted:
+        if cm:
+            reg.set_alias("model", name, vlm.alias, cm)
+        if cp:
+            reg.set_alias("prompt", CAPTION_PROMPT_NAME, vlm.alias, cp)
+    # Either way the challenger has had its evaluation: the alias is cleared, the verdict kept as a tag.
+    if cm:
+        reg.client().set_model_version_tag(name, cm, "promotion", reason[:500])
+        reg.delete_alias("model", name, CHALLENGER)
+    if cp:
+        reg.delete_alias("prompt", CAPTION_PROMPT_NAME, CHALLENGER)
     out = tables.read(PROMOTIONS, SCHEMAS[PROMOTIONS])
     now_model, now_prompt = (
         reg.alias_version("model", name, vlm.alias),

@@ -14,8 +14,8 @@ from resources.vlm import VlmSettings
 from video_assets.core import routing
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import structuring_versions
-from video_assets.core.tables import ALERTS, KEYS, REVIEW_QUEUE, SCHEMAS, STRUCTURED_EVENTS, to_arrow
-from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.core.tables import ALERTS, REVIEW_QUEUE, SCHEMAS, STRUCTURED_EVENTS, to_arrow
+from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadata
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.assets import structured_events
@@ -45,6 +45,8 @@ class RoutingConfig(Config):
             description="Rows a person should look at: possible, below threshold, verdict-only or unparsed.",
         ),
     ],
+    # Idempotent (the batch's rows are replaced in one commit per table): retried on transient errors.
+    retry_policy=TRANSIENT_RETRY,
 )
 def routed_events(
     context: AssetExecutionContext,
@@ -79,11 +81,14 @@ def routed_events(
         alerts += a
         review += r
     for name, rows in ((ALERTS, alerts), (REVIEW_QUEUE, review)):
-        tables.delete(name, f"batch_key = '{batch}'")
         cols = SCHEMAS[name].names
-        # Merged even when empty: the table exists (with its schema) for every query after a first run.
-        tables.merge(
-            name, to_arrow(name, [{**{c: r.get(c) for c in cols}, "routed_at": now} for r in rows]), KEYS[name]
+        # The batch's rows replaced in one commit (a crash leaves the old rows or the new, never none);
+        # written even when empty: the table exists (with its schema) for every query after a first run.
+        tables.replace(
+            name,
+            to_arrow(name, [{**{c: r.get(c) for c in cols}, "routed_at": now} for r in rows]),
+            "batch_key",
+            [batch],
         )
         context.log.info(f"{name}: {len(rows)} rows for batch {batch}")
         after = tables.read(name, SCHEMAS[name])

@@ -1,0 +1,78 @@
+"""A batch's rows are replaced in one Delta commit: no version of the table lacks them."""
+
+from datetime import UTC, datetime
+
+import polars as pl
+import pytest
+from dagster import materialize
+from deltalake import DeltaTable
+
+from resources.delta import DeltaTables
+from video_assets.core.tables import GOLDEN_SET, RAW_VIDEOS, to_arrow
+from video_assets.defs.evaluation.assets import golden_set
+
+
+def _rows(batch: str, ids: list[str]):
+    now = datetime.now(UTC)
+    return to_arrow(
+        RAW_VIDEOS,
+        [
+            {
+                "video_id": i,
+                "uri": f"/v/{i}.mp4",
+                "size_bytes": 1,
+                "mtime": now,
+                "batch_key": batch,
+                "registered_at": now,
+            }
+            for i in ids
+        ],
+    )
+
+
+def _versions(uri: str) -> list[pl.DataFrame]:
+    """Every version of the table, oldest first."""
+    last = DeltaTable(uri).version()
+    return [pl.read_delta(uri, version=v) for v in range(last + 1)]
+
+
+def test_replace_is_one_commit_and_touches_only_its_batch(tmp_path):
+    tables = DeltaTables(root_uri=str(tmp_path / "tables"))
+    uri = tables.table_uri(RAW_VIDEOS)
+    tables.replace(RAW_VIDEOS, _rows("b1", ["a", "b", "c"]), "batch_key", ["b1"])  # creates the table
+    tables.replace(RAW_VIDEOS, _rows("b2", ["x"]), "batch_key", ["b2"])
+    before = tables.version(RAW_VIDEOS)
+
+    tables.replace(RAW_VIDEOS, _rows("b1", ["c", "d"]), "batch_key", ["b1"])
+    assert tables.version(RAW_VIDEOS) == before + 1  # one commit: no version between old and new rows
+    out = tables.read(RAW_VIDEOS).sort("video_id")
+    assert out.select("video_id", "batch_key").rows() == [("c", "b1"), ("d", "b1"), ("x", "b2")]
+    # Every version ever written holds batch b1's rows (the old set or the new): none is empty of them.
+    for df in _versions(uri):
+        assert df.filter(pl.col("batch_key") == "b1").height > 0
+
+    # Empty rows empty the batch, still in one commit; a quote in a value is a literal, not SQL.
+    tables.replace(RAW_VIDEOS, _rows("b1", []), "batch_key", ["b1"])
+    assert tables.version(RAW_VIDEOS) == before + 2
+    assert tables.read(RAW_VIDEOS)["video_id"].to_list() == ["x"]
+    tables.replace(RAW_VIDEOS, _rows("it's", ["q"]), "batch_key", ["it's"])
+    assert sorted(tables.read(RAW_VIDEOS)["video_id"].to_list()) == ["q", "x"]
+
+
+def test_replace_refuses_rows_outside_the_values(tmp_path):
+    tables = DeltaTables(root_uri=str(tmp_path / "tables"))
+    tables.replace(RAW_VIDEOS, _rows("b1", ["a"]), "batch_key", ["b1"])
+    version = tables.version(RAW_VIDEOS)
+    with pytest.raises(Exception, match="failed validation"):
+        tables.replace(RAW_VIDEOS, _rows("b2", ["z"]), "batch_key", ["b1"])
+    assert tables.version(RAW_VIDEOS) == version and tables.read(RAW_VIDEOS)["video_id"].to_list() == ["a"]
+
+
+def test_golden_set_rematerialised_is_one_commit_with_the_same_rows(instance, tmp_path):
+    tables = DeltaTables(root_uri=str(tmp_path / "tables"))
+    assert materialize([golden_set], instance=instance, resources={"tables": tables}).success
+    first, version = tables.read(GOLDEN_SET).sort("use_case", "video_id"), tables.version(GOLDEN_SET)
+    assert first.height > 0
+    assert materialize([golden_set], instance=instance, resources={"tables": tables}).success
+    assert tables.version(GOLDEN_SET) == version + 1
+    assert tables.read(GOLDEN_SET).sort("use_case", "video_id").equals(first)
