@@ -244,6 +244,10 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 _STRUCT_KEY_NAMES = [f.name for f in _STRUCT_KEY]
 
+# Tables whose rows belong to the upload batch of their video, and every video to one batch (raw_videos
+# assigns it): their merges and reads can be pruned to the batch without changing what they match.
+BATCH_SCOPED = frozenset({VIDEO_METADATA, CAPTIONS, STRUCTURED_EVENTS})
+
 KEYS: dict[str, list[str]] = {
     BATCH_MANIFEST: ["uri", "size_bytes", "mtime"],
     RAW_VIDEOS: ["video_id"],

@@ -75,7 +75,7 @@ def captions(
     batch = context.partition_key
     cost = CostBreakdown(context)
     with cost.part("delta"):
-        meta = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA]).filter(pl.col("batch_key") == batch)
+        meta = tables.batch(VIDEO_METADATA, batch, SCHEMAS[VIDEO_METADATA])
     if meta.is_empty():
         raise Failure(f"video_metadata has no rows for batch {batch!r}: materialise it first")
     try:
@@ -95,7 +95,7 @@ def captions(
         context.log.warning(TINY_WARNING)
 
     with cost.part("delta"):
-        existing = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])
+        existing = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS])  # a video's rows are in its batch
     done = captioned_ok(existing, model_version, prompt.version, split_key(config.sampling()))
     good = meta.filter(pl.col("ok"))
     todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
@@ -117,8 +117,8 @@ def captions(
     cost.add("delta", stats["delta_s"])
 
     with cost.part("delta"):
-        after = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])  # one read after writing serves every figure below
-    out = after.filter((pl.col("batch_key") == batch) & caption_versions(model_version, prompt.version))
+        out = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(caption_versions(model_version, prompt.version))
+        table_rows = tables.row_count(CAPTIONS)
     errors = out.filter(pl.col("status") == CAPTION_ERROR)
     strips = _thumbnails(stats["previews"])
     return MaterializeResult(
@@ -126,7 +126,7 @@ def captions(
         metadata={
             **({"sampled_frames": MetadataValue.md(strips)} if strips else {}),
             **table_metadata(
-                tables.table_uri(CAPTIONS), out, after.height, ["uri", "segment", "status", "prose", "error"]
+                tables.table_uri(CAPTIONS), out, table_rows, ["uri", "segment", "status", "prose", "error"]
             ),
             "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{vlm.alias}"),
             "model_version": MetadataValue.text(model_version),

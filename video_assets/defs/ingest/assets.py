@@ -34,7 +34,7 @@ def batch_version(rows: pl.DataFrame) -> DataVersion:
 
 
 def _batch_rows(tables: DeltaTables, name: str, batch: str) -> pl.DataFrame:
-    return tables.read(name, SCHEMAS[name]).filter(pl.col("batch_key") == batch)
+    return tables.batch(name, batch, SCHEMAS[name])
 
 
 @asset(partitions_def=video_batches, deps=[batch_manifest], **stage_asset("ingest", RAW_VIDEOS))
@@ -98,7 +98,7 @@ def raw_videos(context: AssetExecutionContext, volume: VideoVolume, tables: Delt
             **table_metadata(
                 tables.table_uri(RAW_VIDEOS),
                 out,
-                tables.read(RAW_VIDEOS).height,
+                tables.row_count(RAW_VIDEOS),
                 ["video_id", "uri", "size_bytes", "batch_key"],
             ),
             "missing_files": MetadataValue.json(missing),
@@ -165,7 +165,7 @@ def video_metadata(context: AssetExecutionContext, volume: VideoVolume, tables: 
             **table_metadata(
                 tables.table_uri(VIDEO_METADATA),
                 out,
-                tables.read(VIDEO_METADATA).height,
+                tables.row_count(VIDEO_METADATA),
                 ["uri", "ok", "video_codec", "width", "height", "duration_s", "rotation", "error"],
             ),
             "ok_count": MetadataValue.int(out.height - failed.height),

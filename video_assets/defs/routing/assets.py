@@ -3,7 +3,6 @@ production model and prompt. Partitioned by upload batch."""
 
 from datetime import UTC, datetime
 
-import polars as pl
 from dagster import AssetExecutionContext, AssetKey, AssetSpec, Config, MaterializeResult, MetadataValue, multi_asset
 from pydantic import Field
 
@@ -62,8 +61,8 @@ def routed_events(
     model_version, prompt_version = production_versions(vlm, mlflow_registry)
     sid = structurer_id(structurer, vlm.registered_model, model_version)
     use_cases = uc_mod.parse_names(structurer.use_cases)
-    events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(
-        (pl.col("batch_key") == batch) & structuring_versions(model_version, prompt_version, sid)
+    events = tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
+        structuring_versions(model_version, prompt_version, sid)
     )
     prose = {
         (v, s): p
@@ -91,8 +90,7 @@ def routed_events(
             [batch],
         )
         context.log.info(f"{name}: {len(rows)} rows for batch {batch}")
-        after = tables.read(name, SCHEMAS[name])
-        out = after.filter(pl.col("batch_key") == batch)
+        out = tables.batch(name, batch, SCHEMAS[name])
         yield MaterializeResult(
             asset_key=AssetKey(name),
             data_version=use_case_version(
@@ -106,7 +104,7 @@ def routed_events(
                 **table_metadata(
                     tables.table_uri(name),
                     out,
-                    after.height,
+                    tables.row_count(name),
                     ["use_case", "uri", "start_s", "end_s", "verdict", "confidence", "reason"],
                 ),
                 "thresholds": MetadataValue.json(thresholds),

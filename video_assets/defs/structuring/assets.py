@@ -70,8 +70,8 @@ def structured_events(
             f"v{prompt_version}: materialise captions for this batch first"
         )
     sid = structurer_id(structurer, vlm.registered_model, model_version)
-    existing = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(
-        (pl.col("batch_key") == batch) & structuring_versions(model_version, prompt_version, sid)
+    existing = tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
+        structuring_versions(model_version, prompt_version, sid)
     )
     plan = {}
     for uc in use_cases:
@@ -95,11 +95,8 @@ def structured_events(
         tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])
         written += len(rows)
 
-    after = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS])
-    out = after.filter(
-        (pl.col("batch_key") == batch)
-        & structuring_versions(model_version, prompt_version, sid)
-        & pl.col("use_case").is_in([u.name for u in use_cases])
+    out = tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
+        structuring_versions(model_version, prompt_version, sid) & pl.col("use_case").is_in([u.name for u in use_cases])
     )
     status = dict(out.group_by("status").len().sort("status").iter_rows())
     verdicts = dict(out.filter(pl.col("verdict").is_not_null()).group_by("verdict").len().sort("verdict").iter_rows())
@@ -109,7 +106,7 @@ def structured_events(
             **table_metadata(
                 tables.table_uri(STRUCTURED_EVENTS),
                 out,
-                after.height,
+                tables.row_count(STRUCTURED_EVENTS),
                 ["use_case", "uri", "segment", "status", "verdict", "confidence", "n_events", "error"],
             ),
             "structurer": MetadataValue.text(sid),

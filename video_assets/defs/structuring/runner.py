@@ -82,9 +82,7 @@ def structure_rows(
 
 
 def batch_captions(tables: DeltaTables, batch: str, model_version: str, prompt_version: int) -> pl.DataFrame:
-    return tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(
-        (pl.col("batch_key") == batch) & caption_versions(model_version, prompt_version)
-    )
+    return tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(caption_versions(model_version, prompt_version))
 
 
 def use_case_version(
