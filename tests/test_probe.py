@@ -6,6 +6,7 @@ use the bundled samples or files generated here)."""
 import csv
 import io
 import os
+from fractions import Fraction
 
 import av
 import numpy as np
@@ -181,3 +182,98 @@ def test_a_file_cut_short_is_not_ok_even_when_its_header_states_the_duration(tmp
     assert result.error.startswith("truncated: the video stream ends at ")
     ends_at = float(result.error.split(" ends at ")[1].split(" s")[0])
     assert 1.0 < ends_at < 3.0 and "of the 4.00 s" in result.error
+
+
+def make_vfr_clip(path, frames=300, step_ms=50) -> str:
+    """Frames every ``step_ms`` (20 fps) in a stream declared at 29.97 fps, with explicit pts."""
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("libx264", rate=Fraction(30000, 1001), options={"bf": "0", "g": "30"})
+        video.width, video.height, video.pix_fmt = 32, 32, "yuv420p"
+        video.time_base = Fraction(1, 1000)
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), i % 256, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = i * step_ms, Fraction(1, 1000)
+            for packet in video.encode(frame):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["vfr.mkv", "vfr.mp4"])
+def test_variable_frame_rate_comes_from_the_packets(tmp_path, name):
+    path = make_vfr_clip(tmp_path / name)
+    if name.endswith(".mkv"):  # the header really claims the declared rate (the issue's 29.97 vs 20.0)
+        with av.open(path) as container:
+            assert float(container.streams.video[0].average_rate) == pytest.approx(29.97, abs=0.01)
+    result = probe(path)
+    assert result.ok, result.error
+    assert result.frame_count == 300
+    assert result.avg_fps == pytest.approx(20.0, rel=0.01)
+    assert result.duration_s == pytest.approx(15.0, abs=0.1)
+
+
+def make_sparse_avi(path, frames=20, every=6, fps=15) -> str:
+    """An AVI holding a picture every ``every`` ticks: the muxer fills the gaps with empty drop-frame
+    chunks, so the header counts every tick (115) while only ``frames`` pictures exist."""
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("mpeg4", rate=fps)
+        video.width, video.height, video.pix_fmt = 64, 48, "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 9 % 256, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = i * every, Fraction(1, fps)
+            for packet in video.encode(frame):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+    return str(path)
+
+
+def test_an_avi_header_counting_drop_frames_is_corrected_by_the_packets(tmp_path):
+    path = make_sparse_avi(tmp_path / "sparse.avi")
+    with av.open(path) as container:
+        assert container.streams.video[0].frames == 115  # the header's claim
+        decoded = sum(1 for _ in container.decode(video=0))
+    result = probe(path)
+    assert result.ok, result.error
+    assert result.frame_count == decoded == 20
+    assert result.avg_fps == pytest.approx(15 / 6, rel=0.01)  # a picture every 6 ticks of 1/15 s
+
+
+def test_tree_avi_has_68_frames_not_the_444_its_header_claims():
+    result = probe(clip("tree.avi"))
+    assert result.ok and result.frame_count == 68
+    assert result.avg_fps == pytest.approx(68 / 29.6, rel=0.02)
+
+
+def test_a_damaged_stream_in_a_sound_container_is_rejected(tmp_path):
+    whole = bytearray(open(make_clip(tmp_path / "c.mp4", size=(320, 240), seconds=2, audio=False), "rb").read())
+    at = whole.find(b"mdat") + 4
+    end = at - 8 + int.from_bytes(whole[at - 8 : at - 4], "big")
+    whole[at + 64 : end] = np.random.default_rng(0).bytes(end - at - 64)  # the coded pictures become noise
+    path = tmp_path / "noise.mp4"
+    path.write_bytes(whole)
+    result = probe(str(path))
+    assert result.ok is False
+    assert result.error.startswith("no decodable video frame")
+
+
+@pytest.mark.parametrize("degrees", [90, -90, 180])
+def test_rotation_read_from_the_boxes_matches_the_decoded_frame(tmp_path, degrees):
+    path = tmp_path / "rotated.mp4"
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("libx264", rate=10)
+        video.width, video.height, video.pix_fmt = 64, 48, "yuv420p"
+        video.set_display_rotation(degrees)
+        for i in range(10):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 20, np.uint8), format="rgb24")
+            for packet in video.encode(frame):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+    with av.open(str(path)) as container:
+        decoded = next(container.decode(video=0)).rotation
+    assert decoded != 0
+    assert probe(str(path)).rotation == decoded
+    with open(path, "rb") as f:  # a stream source too (the object store's path)
+        assert probe(io.BytesIO(f.read())).rotation == decoded
