@@ -108,11 +108,21 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("width", pa.int32(), metadata={"doc": "coded width in pixels (before rotation)"}),
             pa.field("height", pa.int32(), metadata={"doc": "coded height in pixels (before rotation)"}),
             pa.field("rotation", pa.int32(), metadata={"doc": "display rotation in degrees from the display matrix"}),
-            pa.field("avg_fps", pa.float64(), metadata={"doc": "average frame rate"}),
+            pa.field(
+                "avg_fps",
+                pa.float64(),
+                metadata={"doc": "average frame rate, from packet times when they disagree with the header"},
+            ),
             pa.field("real_fps", pa.float64(), metadata={"doc": "real base frame rate (r_frame_rate)"}),
             pa.field("duration_s", pa.float64(), metadata={"doc": "duration in seconds"}),
             pa.field("duration_estimated", pa.bool_(), metadata={"doc": "true when computed from packets, not stored"}),
-            pa.field("frame_count", pa.int64(), metadata={"doc": "frames (stored or counted)"}),
+            pa.field(
+                "frame_count",
+                pa.int64(),
+                metadata={
+                    "doc": "frames, from the container index or the packets (not a header claim they contradict)"
+                },
+            ),
             pa.field("keyframe_interval_s", pa.float64(), metadata={"doc": "mean seconds between keyframes (sampled)"}),
             pa.field("audio_codec", pa.string(), metadata={"doc": "codec of the first audio stream, if any"}),
             pa.field("bit_rate", pa.int64(), metadata={"doc": "container bit rate in bit/s"}),
