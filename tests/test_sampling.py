@@ -22,6 +22,7 @@ from video_assets.core.media.sampling import (
     sample_video,
     scene_boundaries,
     segment_ranges,
+    snap_to_keyframes,
 )
 
 MANIFEST = SHARED_SAMPLES / "MANIFEST.csv"
@@ -406,3 +407,117 @@ def test_scene_split_on_real_cuts(name, cuts):
     for seg in result.segments:
         assert len(seg.timestamps) >= CFG.min_frames
         assert seg.timestamps[0] >= seg.start_s
+
+
+# ---------------------------------------------------------------- skipping and keyframe snapping
+
+
+def write_gop_clip(path, codec: str, frames: int, gop: int, rate=25, size=(160, 96), bframes=2) -> str:
+    """A textured, panning clip with a keyframe every `gop` frames and B-frames (non-reference frames)."""
+    rng = np.random.default_rng(7)
+    texture = rng.integers(0, 255, (size[1] + 8, size[0] * 3, 3), dtype=np.uint8)
+    with av.open(str(path), "w") as out:
+        s = out.add_stream(codec, rate=rate, options={"sc_threshold": "1000000000" if codec == "mpeg4" else "0"})
+        s.width, s.height, s.pix_fmt = size[0], size[1], "yuv420p"
+        s.codec_context.gop_size, s.codec_context.max_b_frames = gop, bframes
+        for i in range(frames):
+            x = (2 * i) % (2 * size[0])
+            img = np.ascontiguousarray(texture[4 : 4 + size[1], x : x + size[0]])
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return str(path)
+
+
+def generated_times(path: str, keyframes: bool = False) -> list[float]:
+    with av.open(path) as c:
+        s = c.streams.video[0]
+        t0 = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
+        return sorted(
+            float(p.pts * s.time_base) - t0
+            for p in c.demux(s)
+            if p.pts is not None and (p.is_keyframe or not keyframes)
+        )
+
+
+def decode_all(path: str) -> dict[float, av.VideoFrame]:
+    with av.open(path) as c:
+        s = c.streams.video[0]
+        t0 = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
+        return {round(f.time - t0, 6): f for f in c.decode(s)}
+
+
+def assert_frames_match_full_decode(path: str, seg) -> None:
+    h, w = seg.frames.shape[1:3]
+    reference = decode_all(path)
+    for t, got in zip(seg.timestamps, seg.frames):
+        ref = reference[round(t, 6)].to_ndarray(format="rgb24", width=w, height=h, interpolation="BICUBIC")
+        assert np.array_equal(ref, got), t  # bit-identical: nothing a kept frame refers to was skipped
+
+
+@pytest.mark.parametrize("codec,threads", [("libx264", 1), ("libx264", 0), ("mpeg4", 1)])
+def test_exact_frames_on_a_long_gop_clip_with_skipping_equal_a_full_decode(tmp_path, codec, threads):
+    path = write_gop_clip(tmp_path / f"long_gop_{codec}.mp4", codec, frames=500, gop=500)  # one keyframe, 20 s
+    cfg = SamplingConfig(motion_densify=False, decode_threads=threads)
+    result = sample_video(path, cfg)
+    seg, stats = result.segments[0], result.decode_stats
+    times = generated_times(path)
+    assert len(generated_times(path, keyframes=True)) == 1
+    assert seg.timestamps == pytest.approx(first_at_or_after(times, plan_timestamps(result.duration_s, cfg)), abs=1e-9)
+    assert_frames_match_full_decode(path, seg)
+    needed = sum(t <= seg.timestamps[-1] for t in times)  # without skipping: every frame up to the last pick
+    assert stats["frames_decoded"] < 0.8 * needed, stats  # the B-frames between targets were skipped
+    assert stats["regated"] is False
+
+
+def test_a_short_clip_whose_fill_in_needs_skipped_frames_is_decoded_again_without_skipping(tmp_path):
+    path = write_gop_clip(tmp_path / "short.mp4", "mpeg4", frames=10, gop=250, rate=10)  # 1 s, B-frames
+    result = sample_video(path, CFG)
+    # Targets every 0.125 s from 0.0625: the first 7 take 0.1 ... 0.9; the last (0.9375) is past the end,
+    # so the latest unused frame fills in: 0.8, a B-frame the skipping pass had dropped before its target.
+    assert result.segments[0].timestamps == pytest.approx([0.1, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], abs=1e-9)
+    assert result.decode_stats["regated"] is True
+    assert_frames_match_full_decode(path, result.segments[0])
+
+
+def test_snap_to_keyframes_moves_within_tolerance_keeps_order_and_uses_each_keyframe_once():
+    keys = [0.0, 2.0, 4.0, 6.0, 8.0]
+    targets, snapped = snap_to_keyframes([0.4, 1.8, 2.5, 5.0, 9.9], keys, 0.6)
+    assert targets == [0.0, 2.0, 2.5, 5.0, 9.9]  # 2.5: 2.0 is taken; 5.0: both keyframes too far
+    assert snapped == [True, True, False, False, False]
+    assert snap_to_keyframes([5.0], keys, 1.0) == ([4.0], [True])  # the nearer of two, the earlier on a tie
+    assert snap_to_keyframes([3.9], keys, 1.0, lo=4.0 + 1e-9) == ([3.9], [False])  # not outside its segment
+    # 1.1: 0.0 is taken and 2.0 lies past the next target (1.2), so it stays exact
+    assert snap_to_keyframes([1.0, 1.1, 1.2], keys, 5.0) == ([0.0, 1.1, 2.0], [True, False, True])
+    assert snap_to_keyframes([1.0], keys, 0.0) == ([1.0], [False])
+
+
+def test_keyframe_snapping_returns_keyframes_at_their_real_times(tmp_path):
+    path = write_gop_clip(tmp_path / "gop.mp4", "libx264", frames=400, gop=12)  # 16 s, a keyframe every 0.48 s
+    cfg = SamplingConfig(motion_densify=False, keyframe_snap_s=0.3)
+    result = sample_video(path, cfg)
+    seg, stats = result.segments[0], result.decode_stats
+    keys, times = generated_times(path, keyframes=True), generated_times(path)
+    plan = plan_timestamps(result.duration_s, cfg)
+    assert len(seg.timestamps) == len(plan) == 16
+    assert stats["snapped"] == 16
+    for target, t in zip(plan, seg.timestamps):
+        assert abs(t - target) <= 0.3
+        assert min(abs(t - k) for k in keys) < 1e-9  # a keyframe, reported at its own presentation time
+        assert min(abs(t - f) for f in times) < 1e-9
+    assert_frames_match_full_decode(path, seg)
+    assert stats["frames_decoded"] <= len(seg.timestamps) + 2, stats  # keyframes only, no reference chains
+    exact = sample_video(path, SamplingConfig(motion_densify=False))
+    assert exact.segments[0].timestamps != seg.timestamps  # snapping really moved targets
+
+
+def test_keyframe_snapping_keeps_exact_frames_where_no_keyframe_is_near(tmp_path):
+    path = write_gop_clip(tmp_path / "sparse.mp4", "libx264", frames=250, gop=250)  # 10 s, one keyframe
+    cfg = SamplingConfig(motion_densify=False, keyframe_snap_s=0.6)
+    result = sample_video(path, cfg)
+    seg = result.segments[0]
+    assert seg.timestamps[0] == pytest.approx(0.0)  # the target at 0.5 s moved to the keyframe at 0
+    rest = plan_timestamps(result.duration_s, cfg)[1:]
+    assert seg.timestamps[1:] == pytest.approx(first_at_or_after(generated_times(path), rest), abs=1e-9)
+    assert_frames_match_full_decode(path, seg)

@@ -1,9 +1,16 @@
 """Choose and decode the frames a VLM sees: a timestamp plan per segment, then a sparse decode.
 
 Planning is pure (``plan_timestamps``, ``plan_seeks``, ``densify_around_motion``,
-``scene_boundaries``, ``fit_to_budget``). ``sample_video`` decodes only what the plan needs: it
-seeks to the keyframe before each group of targets, decodes forward and takes, for each target,
-the first frame whose presentation time is at or after it.
+``scene_boundaries``, ``fit_to_budget``, ``snap_to_keyframes``). ``sample_video`` decodes only what the
+plan needs: it seeks to the keyframe before each group of targets, decodes forward and takes, for each
+target, the first frame whose presentation time is at or after it. Between targets the decoder skips
+what no target needs: non-reference frames before the next exact target (``skip_frame`` NONREF: no
+other frame is predicted from them, so the frames kept are bit-identical to a full decode), and every
+non-key frame before a target snapped to a keyframe (NONKEY). Decoding stops after the last target.
+
+Keyframe snapping (``SamplingConfig.keyframe_snap_s`` > 0) lets a target move to a keyframe at most that
+many seconds away; such a frame needs no reference chain, so sampling costs about a keyframe-only
+decode where keyframes are dense. Timestamps always report the real time of the frame returned.
 
 All times are seconds from the first presentation time of the video stream (``stream.start_time``),
 so a clip whose stream starts at 0.54 s (MPEG-PS) still plans from 0.
@@ -35,6 +42,9 @@ DENSIFY_GRID = 2048
 # Scene cuts: keyframe intervals changing more than this are decoded in full to find the cut itself.
 CUT_CANDIDATE_SCORE = 0.075
 CUT_SCORE = 0.15  # frame-to-frame mean absolute grey difference (of 1.0) that reads as a cut
+# A snapped target is a keyframe time from the index or a packet scan; the decoded frame's time may
+# differ from it by rounding, so it counts as reached this much early (frames are >= 4 ms apart).
+SNAP_EPS_S = 1e-3
 
 
 class SamplingError(Exception):
@@ -53,6 +63,12 @@ class SamplingConfig:
     patch_factor: int = 28
     segment_s: float | None = None
     scene_split: bool = False
+    # 0: exact frames (the first frame at or after each target). > 0: a target may move to a distinct
+    # keyframe at most this many seconds away within its segment (no reference chain to decode).
+    keyframe_snap_s: float = 0.0
+    # FFmpeg decoder threads per video. 1 suits parallel workers holding one CPU each (the Ray decode
+    # stage): threading spends 15-40 % more CPU time for the same frames. 0 lets FFmpeg choose.
+    decode_threads: int = 1
 
     def __post_init__(self):
         if self.fps <= 0 or self.min_frames < 1 or self.max_frames < self.min_frames:
@@ -61,6 +77,8 @@ class SamplingConfig:
             raise ValueError("max_pixels must hold one patch and be >= min_pixels")
         if self.segment_s is not None and self.segment_s <= 0:
             raise ValueError("segment_s must be positive or None")
+        if self.keyframe_snap_s < 0 or self.decode_threads < 0:
+            raise ValueError("keyframe_snap_s and decode_threads must be >= 0")
 
 
 @dataclass
@@ -107,6 +125,32 @@ def plan_seeks(targets: list[float], keyframes: list[float]) -> list[tuple[float
         else:
             groups.append((key, [target]))
     return groups
+
+
+def snap_to_keyframes(
+    targets: list[float], keyframes: list[float], tolerance_s: float, lo: float = -math.inf, hi: float = math.inf
+) -> tuple[list[float], list[bool]]:
+    """Move each sorted target to the nearest keyframe within tolerance_s inside [lo, hi), keeping order.
+
+    A keyframe serves at most one target and must lie after the previous result and not after the
+    next original target, so the list stays sorted; a target without such a keyframe stays where it
+    is. Returns the new targets and, per target, whether it moved to a keyframe.
+    """
+    keys = sorted(k for k in set(keyframes) if lo <= k < hi)
+    out: list[float] = []
+    snapped: list[bool] = []
+    for i, t in enumerate(targets):
+        after = out[-1] if out else -math.inf
+        until = targets[i + 1] if i + 1 < len(targets) else math.inf
+        j = bisect.bisect_left(keys, t)
+        near = [k for k in keys[max(0, j - 1) : j + 1] if abs(k - t) <= tolerance_s and after < k <= until]
+        if near and tolerance_s > 0:
+            out.append(min(near, key=lambda k: abs(k - t)))
+            snapped.append(True)
+        else:
+            out.append(t)
+            snapped.append(False)
+    return out, snapped
 
 
 def densify_around_motion(
@@ -258,11 +302,44 @@ def _stream_info(container, stream, duration_s: float | None) -> _StreamInfo:
     return _StreamInfo(t0, duration, estimated, sorted(keys), packets)
 
 
-def _decode_run(container, stream, t0: float, key: float, stats: dict):
+class _Gate:
+    """What the decoder may skip before the target it is heading for: packets presented before
+    ``before`` that are not keyframes are decoded with skip_frame ``mode`` (NONREF or NONKEY)."""
+
+    def __init__(self):
+        self.before, self.mode, self.skipping = -math.inf, "DEFAULT", 0
+
+    def aim(self, target: float, snapped: bool, last_of_run: bool = False):
+        self.before, self.mode = target, "NONKEY" if snapped else "NONREF"
+        if snapped and last_of_run:
+            # Nothing after this keyframe is needed before the next seek: skip the frames the decoder
+            # would otherwise decode while it holds the keyframe back for reordering.
+            self.before = math.inf
+
+
+def _open_stream(container, cfg: SamplingConfig):
+    stream = container.streams.video[0]
+    if cfg.decode_threads == 1:
+        stream.thread_type = "NONE"
+    else:
+        stream.thread_type, stream.thread_count = "AUTO", cfg.decode_threads
+    return stream
+
+
+def _decode_run(container, stream, t0: float, key: float, stats: dict, gate: _Gate | None = None):
     """Seek to the keyframe at or before `key` and yield (time, frame) forward to the end of the stream."""
     container.seek(max(0, int(round((key + t0) / stream.time_base))), stream=stream, backward=True)
     stats["seeks"] += 1
+    ctx, tb, mode = stream.codec_context, float(stream.time_base), None
     for packet in container.demux(stream):
+        if gate is not None:
+            # Decided per packet from its presentation time, known before decoding: only frames that
+            # come before the next target in display order and that no later frame refers to go.
+            skippable = packet.pts is not None and not packet.is_keyframe and packet.pts * tb - t0 < gate.before
+            want = gate.mode if skippable else "DEFAULT"
+            if want != mode:
+                ctx.skip_frame = mode = want
+            gate.skipping += want != "DEFAULT"
         try:
             frames = packet.decode()
         except av.error.FFmpegError:  # damaged packet: the decoder usually recovers a few packets on
@@ -274,11 +351,11 @@ def _decode_run(container, stream, t0: float, key: float, stats: dict):
                 yield frame.time - t0, frame
 
 
-def _start_run(container, stream, info: _StreamInfo, key: float, first_target: float, stats: dict):
+def _start_run(container, stream, info: _StreamInfo, key: float, first_target: float, stats: dict, gate=None):
     """A forward run that starts at or before first_target; steps back a keyframe when a seek lands late."""
     keys = info.keyframes
     while True:
-        run = _decode_run(container, stream, info.t0, key, stats)
+        run = _decode_run(container, stream, info.t0, key, stats, gate)
         first = next(run, None)
         earlier = [k for k in keys if k < key]
         if first is None or first[0] <= first_target or not earlier:
@@ -287,28 +364,75 @@ def _start_run(container, stream, info: _StreamInfo, key: float, first_target: f
         key = earlier[-1]
 
 
-def _collect(container, stream, info: _StreamInfo, targets: list[float], convert, stats: dict, spare: int, lower=None):
+class _Regate(Exception):
+    """The stream ended before every target with frames skipped: the fill-in needs them all."""
+
+
+def _collect(
+    container,
+    stream,
+    info: _StreamInfo,
+    targets: list[float],
+    convert,
+    stats: dict,
+    spare: int,
+    lower=None,
+    snapped: list[bool] | None = None,
+    skip: bool = False,
+):
     """For each sorted target the first not yet used frame at or after it: [(time, converted, target_index)].
 
-    When the stream ends before every target is served, up to `spare` skipped frames of the last run
-    (not before lower[i], the segment start of the first unserved target) fill in, so short clips
-    still reach the frame floor.
+    A snapped target (a keyframe time) counts as reached SNAP_EPS_S early. With ``skip`` the decoder
+    skips what no target needs (see ``_Gate``). When the stream ends before every target is served,
+    up to `spare` skipped frames of the last run (not before lower[i], the segment start of the first
+    unserved target) fill in, so short clips still reach the frame floor; if the decoder skipped
+    frames on that run, the whole collection is redone without skipping so the fill-in is unchanged.
     """
+    try:
+        return _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, skip)
+    except _Regate:
+        stats["regated"] = True
+        return _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, False)
+
+
+def _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, skip):
     picks: list[tuple[float, object, int]] = []
     skipped: deque = deque(maxlen=spare)
+    snapped = snapped or [False] * len(targets)
+    gate = _Gate() if skip else None
     run, cursor, order = None, -math.inf, 0
-    for key, group in plan_seeks(targets, info.keyframes):
+
+    def keyframe_pick(target: float) -> bool:
+        # A snapped keyframe already taken by the target before it: this one takes the next frame,
+        # as an exact target would, so its chain must be decoded.
+        return snapped[order] and not (picks and picks[-1][0] >= target - SNAP_EPS_S)
+
+    groups = plan_seeks(targets, info.keyframes)
+    for g, (key, group) in enumerate(groups):
+        # A later group decodes on from this run only when its keyframe lies at or before the cursor,
+        # never the case after a keyframe pick that ends its group.
+        ends_run = g + 1 == len(groups) or groups[g + 1][0] > group[-1]
+        if gate is not None:
+            gate.aim(group[0], keyframe_pick(group[0]), ends_run and len(group) == 1)
         if run is None or cursor < key:  # past this keyframe already: decoding on is cheaper than a seek
-            run, cursor = _start_run(container, stream, info, key, group[0], stats), -math.inf
+            if gate is not None:
+                gate.skipping = 0
+            first = group[0] + SNAP_EPS_S if snapped[order] else group[0]  # landing on the keyframe is in time
+            run, cursor = _start_run(container, stream, info, key, first, stats, gate), -math.inf
             skipped.clear()
-        for target in group:
+        for i, target in enumerate(group):
+            if gate is not None:
+                gate.aim(target, keyframe_pick(target), ends_run and i + 1 == len(group))
+            reach = target - SNAP_EPS_S if snapped[order] else target
             for t, frame in run:
                 cursor = t
-                if t >= target and (not picks or t > picks[-1][0]):
+                if t >= reach and (not picks or t > picks[-1][0]):
                     picks.append((t, convert(frame), order))
                     break
                 skipped.append((t, frame))
             else:
+                if gate is not None and gate.skipping and spare:
+                    raise _Regate
                 used, floor = {p[0] for p in picks}, lower[order] if lower else -math.inf
                 fill = [(t, f) for t, f in skipped if t not in used and t >= floor][-(len(targets) - order) :]
                 picks += [(t, convert(f), order + i) for i, (t, f) in enumerate(fill)]
@@ -351,15 +475,14 @@ def _scores(times_and_greys) -> list[tuple[float, float]]:
     return out
 
 
-def keyframe_motion(source: str, info: _StreamInfo, stats: dict) -> list[tuple[float, float]]:
+def keyframe_motion(source: str, info: _StreamInfo, stats: dict, cfg: SamplingConfig = SamplingConfig()):
     """(time, score) per keyframe: mean absolute grey difference to the previous keyframe, in [0, 1].
 
     Keyframe-only decoding (skip_frame NONKEY) is the cheap path. Codecs that ignore skip_frame
     (VP9, cinepak) return non-key frames: then each known keyframe is sought and decoded alone.
     """
     with open_container(source, SamplingError) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        stream = _open_stream(container, cfg)
         stream.codec_context.skip_frame = "NONKEY"
         greys = []
         for t, frame in _decode_run(container, stream, info.t0, 0.0, stats):
@@ -376,10 +499,10 @@ def keyframe_motion(source: str, info: _StreamInfo, stats: dict) -> list[tuple[f
         return []
     keys = [keys[int(i)] for i in np.linspace(0, len(keys) - 1, min(len(keys), MOTION_MAX_POINTS))]
     with open_container(source, SamplingError) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        stream = _open_stream(container, cfg)
         before = stats["frames_decoded"]
-        picks = _collect(container, stream, info, keys, _grey, stats, spare=0)
+        # The targets are keyframes: nothing between them needs decoding (where the decoder obeys).
+        picks = _collect(container, stream, info, keys, _grey, stats, 0, None, [True] * len(keys), True)
         stats["motion_frames_decoded"] += stats["frames_decoded"] - before
     stats["motion"] = "seek_per_keyframe"
     return _scores((t, g) for t, g, _ in picks)
@@ -392,7 +515,13 @@ def cut_candidates(motion: list[tuple[float, float]], duration_s: float) -> list
     return [(a, b) for (a, _), (b, score) in zip(motion, motion[1:]) if score > CUT_CANDIDATE_SCORE]
 
 
-def adjacent_motion(source: str, info: _StreamInfo, spans: list[tuple[float, float]], stats: dict):
+def adjacent_motion(
+    source: str,
+    info: _StreamInfo,
+    spans: list[tuple[float, float]],
+    stats: dict,
+    cfg: SamplingConfig = SamplingConfig(),
+):
     """[(time, score)] for consecutive frames inside each span: the frame-to-frame difference that marks a cut.
 
     Keyframe differences alone confuse a cut with seconds of handheld motion; decoding only the
@@ -400,8 +529,7 @@ def adjacent_motion(source: str, info: _StreamInfo, spans: list[tuple[float, flo
     """
     out: list[tuple[float, float]] = []
     with open_container(source, SamplingError) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        stream = _open_stream(container, cfg)
         run, cursor, prev = None, -math.inf, None
         for a, b in spans:
             if run is None or cursor < a:
@@ -418,20 +546,23 @@ def adjacent_motion(source: str, info: _StreamInfo, spans: list[tuple[float, flo
 
 
 def _plan(cfg: SamplingConfig, info: _StreamInfo, source: str, stats: dict):
-    """[((start, end), targets)] per segment. Motion and cut passes run only when the config needs them."""
+    """[((start, end), targets, snapped)] per segment. Motion and cut passes run only when the config needs them."""
     long_video = cfg.motion_densify and info.duration_s > cfg.long_video_s
-    motion = keyframe_motion(source, info, stats) if (long_video or cfg.scene_split) else []
+    motion = keyframe_motion(source, info, stats, cfg) if (long_video or cfg.scene_split) else []
     cuts = []
     if cfg.scene_split:
         spans = cut_candidates(motion, info.duration_s)
-        cuts = scene_boundaries(adjacent_motion(source, info, spans, stats))
+        cuts = scene_boundaries(adjacent_motion(source, info, spans, stats, cfg))
         stats["cuts"] = [round(c, 3) for c in cuts]
     plans = []
     for start, end in segment_ranges(info.duration_s, cfg.segment_s, cuts):
         targets = plan_timestamps(end - start, cfg, start)
         if long_video:
             targets = densify_around_motion(targets, motion, cfg, end - start, start)
-        plans.append(((start, end), targets))
+        snapped = [False] * len(targets)
+        if cfg.keyframe_snap_s > 0:
+            targets, snapped = snap_to_keyframes(targets, info.keyframes, cfg.keyframe_snap_s, start, end)
+        plans.append(((start, end), targets, snapped))
     return plans
 
 
@@ -447,20 +578,20 @@ def sample_video(
     began = time.perf_counter()
     source = str(source)
     stats = dict(frames_decoded=0, motion_frames_decoded=0, cut_frames_decoded=0, seeks=0, late_seeks=0)
-    stats.update(decode_errors=0, motion=None)
+    stats.update(decode_errors=0, motion=None, regated=False)
     with open_container(source, SamplingError) as container:
         if not container.streams.video:
             raise SamplingError("no video stream")
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        stream = _open_stream(container, cfg)
         try:
             info = _stream_info(container, stream, duration_s)
             plans = _plan(cfg, info, source, stats)
-            targets = [t for _, ts in plans for t in ts]
-            owner = [i for i, (_, ts) in enumerate(plans) for _ in ts]
+            targets = [t for _, ts, _ in plans for t in ts]
+            snapped = [s for _, _, ss in plans for s in ss]
+            owner = [i for i, (_, ts, _) in enumerate(plans) for _ in ts]
             lower = [plans[i][0][0] for i in owner]
             convert = _Converter(cfg, rotation)
-            picks = _collect(container, stream, info, targets, convert, stats, cfg.min_frames, lower)
+            picks = _collect(container, stream, info, targets, convert, stats, cfg.min_frames, lower, snapped, True)
         except av.error.FFmpegError as exc:
             raise SamplingError(f"decoding failed: {_readable(exc)}") from exc
     if not picks:
@@ -468,7 +599,7 @@ def sample_video(
         raise SamplingError("no decodable video frame" + failed)
     w, h = convert.size
     segments = []
-    for i, ((start, end), _) in enumerate(plans):
+    for i, ((start, end), _, _) in enumerate(plans):
         mine = [(t, rgb) for t, rgb, k in picks if owner[min(k, len(owner) - 1)] == i]
         frames = np.stack([rgb for _, rgb in mine]) if mine else np.zeros((0, h, w, 3), np.uint8)
         segments.append(Segment(i, start, end, [t for t, _ in mine], frames))
@@ -477,6 +608,8 @@ def sample_video(
         keyframes=len(info.keyframes),
         packets_scanned=info.packets,
         keyframe_only=stats["motion"] == "keyframe_only",
+        frames_returned=len(picks),
+        snapped=sum(snapped),
         seconds=round(time.perf_counter() - began, 4),
     )
     return SampledVideo(info.duration_s, int(convert.rotation or 0), segments, stats)
