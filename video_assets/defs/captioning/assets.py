@@ -26,6 +26,11 @@ class CaptionsConfig(Config):
     max_frames: int = Field(default=16, ge=1, description="Cap per segment")
     segment_s: float | None = Field(default=None, description="Split videos into clips of this many seconds")
     scene_split: bool = Field(default=False, description="Split videos at scene cuts")
+    keyframe_snap_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="0: exact frames; else a sampled frame may move to a keyframe this many seconds away (cheaper)",
+    )
     recaption: bool = Field(default=False, description="Caption again videos already captioned by this model+prompt")
 
     def sampling(self) -> SamplingConfig:
@@ -35,6 +40,7 @@ class CaptionsConfig(Config):
             max_frames=self.max_frames,
             segment_s=self.segment_s,
             scene_split=self.scene_split,
+            keyframe_snap_s=self.keyframe_snap_s,
         )
 
 
