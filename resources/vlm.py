@@ -49,6 +49,12 @@ class VlmSettings(ConfigurableResource):
         default={}, description="Ray custom resources each VLM actor requires (pins the engines to some nodes)"
     )
     max_new_tokens: int = Field(default=128, ge=1)
+    warm_engine_idle_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="On a Ray cluster that outlives the step (RAY_ADDRESS, or `video-assets ray up`): transformers "
+        "engines stay loaded for later batches until idle this long (0: a fresh pool per job)",
+    )
     tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor parallel size")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     max_num_seqs: int = Field(default=64, ge=1)

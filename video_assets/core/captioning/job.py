@@ -55,6 +55,9 @@ class JobSpec:
     # Ray custom resources each decode task / VLM actor requires (pin a stage to some nodes).
     cpu_resources: dict[str, float] = field(default_factory=dict)
     vlm_resources: dict[str, float] = field(default_factory=dict)
+    # > 0: engines are detached actors that outlive the job and expire after this many idle seconds
+    # (a Ray cluster that outlives the step); 0: a pool of actors per job.
+    warm_idle_s: float = 0.0
     # Tests only: a marker path; the first decode task kills its worker (see _kill_worker_once).
     kill_decode_worker_once: str | None = None
 
@@ -157,8 +160,50 @@ def build_engine(spec: EngineSpec):
     raise ValueError(f"engine {spec.name!r} does not run inside a CaptionStage actor")
 
 
+def caption_batch(engine, node: str, batch: dict[str, np.ndarray], prompt: str, max_new_tokens: int) -> dict:
+    """One Ray Data batch of segment rows captioned by ``engine``: RESULT_COLUMNS, one row per input row
+    (the CPU stage's error rows pass through without the engine)."""
+    from video_assets.core.captioning.requests import CaptionRequest
+
+    n = len(batch["video_id"])
+    decoded = [i for i in range(n) if not decode_error(batch["decode_error"][i])]  # the rest: error rows
+    requests = {
+        i: CaptionRequest(
+            request_id=f"{batch['video_id'][i]}:{batch['segment'][i]}",
+            frames=np.asarray(batch["frames"][i], dtype=np.uint8),
+            timestamps=list(batch["frame_timestamps"][i]),
+            prompt=prompt,
+            max_new_tokens=max_new_tokens,
+        )
+        for i in decoded
+    }
+    started = time.perf_counter()
+    responses = {r.request_id: r for r in engine.generate(list(requests.values()))} if requests else {}
+    engine_share = (time.perf_counter() - started) / max(1, len(requests))  # sums to the engine's busy time
+    out: dict[str, list] = {k: [] for k in RESULT_COLUMNS}
+    for i in range(n):
+        req = requests.get(i)
+        resp = responses.get(req.request_id) if req else None
+        for k in CARRIED_COLUMNS:
+            out[k].append(batch[k][i])
+        out["engine_node"].append(node if req else None)
+        out["frame_timestamps"].append([float(t) for t in batch["frame_timestamps"][i]])
+        out["prose"].append(resp.text if resp else "")
+        out["input_tokens"].append(resp.input_tokens if resp else 0)
+        out["output_tokens"].append(resp.output_tokens if resp else 0)
+        out["latency_s"].append(resp.latency_s if resp else 0.0)
+        if req is None:
+            error = decode_error(batch["decode_error"][i])
+        else:
+            error = "engine returned no response" if resp is None else resp.error
+        out["engine_s"].append(engine_share if req else 0.0)
+        out["status"].append(CAPTION_ERROR if error else CAPTION_OK)
+        out["error"].append(error)
+    return out
+
+
 class CaptionStage:
-    """One engine per actor, loaded once; each call captions a batch of segments."""
+    """One engine per actor of the job's pool, loaded once per job; each call captions a batch."""
 
     def __init__(self, engine: EngineSpec, prompt: str):
         self.engine = build_engine(engine)
@@ -167,43 +212,86 @@ class CaptionStage:
         self.node = _node_id()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        from video_assets.core.captioning.requests import CaptionRequest
+        return caption_batch(self.engine, self.node, batch, self.prompt, self.max_new_tokens)
 
-        n = len(batch["video_id"])
-        decoded = [i for i in range(n) if not decode_error(batch["decode_error"][i])]  # the rest: error rows
-        requests = {
-            i: CaptionRequest(
-                request_id=f"{batch['video_id'][i]}:{batch['segment'][i]}",
-                frames=np.asarray(batch["frames"][i], dtype=np.uint8),
-                timestamps=list(batch["frame_timestamps"][i]),
-                prompt=self.prompt,
-                max_new_tokens=self.max_new_tokens,
-            )
-            for i in decoded
-        }
-        started = time.perf_counter()
-        responses = {r.request_id: r for r in self.engine.generate(list(requests.values()))} if requests else {}
-        engine_share = (time.perf_counter() - started) / max(1, len(requests))  # sums to the engine's busy time
-        out: dict[str, list] = {k: [] for k in RESULT_COLUMNS}
-        for i in range(n):
-            req = requests.get(i)
-            resp = responses.get(req.request_id) if req else None
-            for k in CARRIED_COLUMNS:
-                out[k].append(batch[k][i])
-            out["engine_node"].append(self.node if req else None)
-            out["frame_timestamps"].append([float(t) for t in batch["frame_timestamps"][i]])
-            out["prose"].append(resp.text if resp else "")
-            out["input_tokens"].append(resp.input_tokens if resp else 0)
-            out["output_tokens"].append(resp.output_tokens if resp else 0)
-            out["latency_s"].append(resp.latency_s if resp else 0.0)
-            if req is None:
-                error = decode_error(batch["decode_error"][i])
-            else:
-                error = "engine returned no response" if resp is None else resp.error
-            out["engine_s"].append(engine_share if req else 0.0)
-            out["status"].append(CAPTION_ERROR if error else CAPTION_OK)
-            out["error"].append(error)
-        return out
+
+WARM_NAMESPACE = "video-assets"  # Ray namespace of the engines that outlive a job
+
+
+class WarmEngine:
+    """An engine that outlives the job (a detached Ray actor): later batches on the same long-lived Ray
+    cluster reuse it instead of spawning an actor and loading the model again. It exits after
+    ``idle_s`` without work, giving back its memory (and GPU)."""
+
+    def __init__(self, engine: EngineSpec, idle_s: float):
+        import threading
+
+        self.engine = build_engine(engine)
+        self.max_new_tokens = engine.max_new_tokens
+        self.node = _node_id()
+        self.last_used = time.monotonic()
+        threading.Thread(target=self._expire, args=(idle_s,), daemon=True).start()
+
+    def _expire(self, idle_s: float) -> None:
+        while True:
+            time.sleep(min(idle_s, 5.0))
+            if time.monotonic() - self.last_used > idle_s:
+                # no_restart: an expiry is not a crash for max_restarts to undo
+                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                return
+
+    def info(self) -> dict:
+        import os
+
+        return {"pid": os.getpid(), "node": self.node, "idle_s": time.monotonic() - self.last_used}
+
+    def caption(self, batch: dict[str, np.ndarray], prompt: str) -> dict[str, list]:
+        self.last_used = time.monotonic()
+        try:
+            return caption_batch(self.engine, self.node, batch, prompt, self.max_new_tokens)
+        finally:
+            self.last_used = time.monotonic()
+
+
+def warm_engine_names(spec: JobSpec) -> list[str]:
+    """The names of the warm engines a job uses: one per ``vlm_concurrency``, keyed by everything that
+    decides what an engine computes (model, device, limits, and this code's own version), so a new
+    model version or a code change gets new engines and the old ones expire."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256(repr((spec.engine, spec.vlm_num_gpus, sorted(spec.vlm_resources.items()))).encode())
+    package = Path(__file__).resolve().parents[1]  # video_assets/core: what the engine actor runs
+    for source in sorted(package.rglob("*.py")):
+        h.update(source.read_bytes())
+    return [f"caption-engine-{h.hexdigest()[:12]}-{i}" for i in range(spec.vlm_concurrency)]
+
+
+def ensure_warm_engines(spec: JobSpec) -> list[str]:
+    """Start the job's warm engines unless they are already up; returns their names."""
+    names = warm_engine_names(spec)
+    actor = ray.remote(WarmEngine)
+    for name in names:
+        actor.options(
+            name=name,
+            namespace=WARM_NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=1,
+            num_gpus=spec.vlm_num_gpus or None,
+            max_restarts=VLM_ACTOR_RESTARTS,
+            max_task_retries=VLM_ACTOR_RESTARTS,
+            **({"resources": spec.vlm_resources} if spec.vlm_resources else {}),
+        ).remote(spec.engine, spec.warm_idle_s)
+    return names
+
+
+def caption_with_warm_engine(batch: dict[str, np.ndarray], names: list[str], prompt: str) -> dict[str, list]:
+    """VLM stage on warm engines: a light task hands the batch to one of them (by its first video)."""
+    import zlib
+
+    name = names[zlib.crc32(str(batch["video_id"][0]).encode()) % len(names)]
+    return ray.get(ray.get_actor(name, namespace=WARM_NAMESPACE).caption.remote(batch, prompt))
 
 
 # Columns of a segment row that the VLM stage hands on as they came from the CPU stage.
@@ -270,6 +358,16 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
         # vLLM and Ray's CPU stages open the model by path on whichever node Ray puts them.
         model = place_on_every_node(spec.engine.model).path
         ds = build_vllm_processor_for_job(ds, replace(spec, vllm={**spec.vllm, "model_source": model}))
+    elif spec.warm_idle_s > 0:
+        names = ensure_warm_engines(spec)
+        ds = ds.map_batches(
+            caption_with_warm_engine,
+            fn_kwargs={"names": names, "prompt": spec.prompt},
+            batch_size=spec.engine.batch_size,
+            compute=ray.data.TaskPoolStrategy(size=len(names)),
+            num_cpus=0,  # the engine actor holds the CPU (or GPU) the work runs on
+            max_retries=DECODE_TASK_RETRIES,
+        )
     else:
         ds = ds.map_batches(
             CaptionStage,

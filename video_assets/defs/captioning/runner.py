@@ -10,6 +10,7 @@ from dagster import Failure
 
 from resources.delta import DeltaTables, sql_literal
 from resources.mlflow_registry import MlflowRegistry
+from resources.settings import ray_outlives_steps
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
 from video_assets.core.captioning.versions import split_key
@@ -80,6 +81,7 @@ def job_spec(
         cpu_resources=dict(vlm.decode_resources),
         vlm_resources=dict(vlm.vlm_resources),
         vllm=vllm_settings.model_dump(),
+        warm_idle_s=vlm.warm_engine_idle_s if engine == "transformers" and ray_outlives_steps() else 0.0,
     )
 
 
