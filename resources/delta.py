@@ -106,14 +106,12 @@ class DeltaTables(ConfigurableResource):
         update: bool = True,
         update_predicate: str | None = None,
         keep: tuple[str, ...] = (),
-        replace_scope: str | None = None,
     ) -> dict:
         """Upsert ``rows`` keyed by ``keys``: rerunning the same rows changes nothing.
 
         ``update=False`` keeps existing rows untouched (first write wins); ``keep`` names columns a
-        matched row keeps (e.g. ``registered_at``); ``update_predicate`` limits which matches update;
-        ``replace_scope`` (a predicate on ``t.`` columns) deletes, in the same commit, the target rows
-        it selects that ``rows`` do not have. New columns of ``rows`` are added to the table.
+        matched row keeps (e.g. ``registered_at``); ``update_predicate`` limits which matches update.
+        New columns of ``rows`` are added to the table.
         """
         uri = self.table_uri(name)
         if not self.exists(name):
@@ -138,10 +136,7 @@ class DeltaTables(ConfigurableResource):
                 if update:
                     updates = {c: f"s.{c}" for c in rows.column_names if c not in keep}
                     merger = merger.when_matched_update(updates=updates, predicate=update_predicate)
-                merger = merger.when_not_matched_insert_all()
-                if replace_scope:
-                    merger = merger.when_not_matched_by_source_delete(predicate=replace_scope)
-                return merger.execute()
+                return merger.when_not_matched_insert_all().execute()
             except CommitFailedError:
                 if attempt == COMMIT_RETRIES - 1:
                     raise
@@ -153,11 +148,22 @@ class DeltaTables(ConfigurableResource):
         commit: a crash leaves either the old rows or the new ones, never none (a delete then a merge was
         two commits). Every row of ``rows`` must have one of ``values`` (delta-rs checks it). Creates the
         table, with ``rows``' schema, when it does not exist."""
-        if not values:
-            raise ValueError("replace needs at least one value to select the rows it replaces")
-        quoted = ", ".join("'" + str(v).replace("'", "''") + "'" for v in values)
-        predicate = f"{column} IN ({quoted})"
+        return self.replace_where(name, rows, {column: values})
+
+    def replace_where(self, name: str, rows: pa.Table, selection: dict[str, list]) -> dict:
+        """``replace`` for rows selected by several columns (``{column: values}``, all must match): e.g.
+        some videos' captions for one model and prompt. Files whose statistics exclude the selection are
+        not touched, so the cost does not grow with the table. Columns ``rows`` has and the table lacks
+        are added first (a schema-only commit)."""
+        if not selection or not all(selection.values()):
+            raise ValueError("replace needs at least one value per column to select the rows it replaces")
+        predicate = " AND ".join(
+            f"{column} IN ({', '.join(str(int(v)) if isinstance(v, int) else sql_literal(v) for v in values)})"
+            for column, values in selection.items()
+        )
         uri = self.table_uri(name)
+        if self.exists(name):
+            self._add_missing_columns(name, rows.schema)
         for attempt in range(COMMIT_RETRIES):
             try:
                 write_deltalake(uri, rows, mode="overwrite", predicate=predicate, storage_options=self._options())
@@ -167,6 +173,16 @@ class DeltaTables(ConfigurableResource):
                     raise
                 time.sleep(0.5 * (attempt + 1))
         raise AssertionError("unreachable")
+
+    def _add_missing_columns(self, name: str, schema: pa.Schema) -> None:
+        """Tables made before a column existed get it (nullable), so new rows can be written."""
+        from deltalake.schema import Field as DeltaField
+
+        table = DeltaTable(self.table_uri(name), storage_options=self._options())
+        have = set(table.schema().to_arrow().names)
+        missing = [f for f in schema if f.name not in have]
+        if missing:
+            table.alter.add_columns([DeltaField.from_arrow(f.with_nullable(True)) for f in missing])
 
     def maintain(
         self, name: str, retention_hours: int = MIN_RETENTION_HOURS, allow_short_retention: bool = False
@@ -187,6 +203,7 @@ class DeltaTables(ConfigurableResource):
             return {"table": name, "skipped": "does not exist"}
         table = DeltaTable(self.table_uri(name), storage_options=self._options())
         compacted = table.optimize.compact()
+        table.create_checkpoint()  # readers start here instead of replaying every commit since the last one
         # delta-rs's own check stays on (it also honours a table's deletedFileRetentionDuration) unless
         # the operator explicitly allowed a short retention.
         removed = table.vacuum(

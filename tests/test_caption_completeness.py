@@ -34,16 +34,16 @@ WHOLE = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
 
 
 class CrashOnSecondCaptionMerge(DeltaTables):
-    """The real tables, with a crash injected where the process would die: the second captions merge."""
+    """The real tables, with a crash injected where the process would die: the second captions write."""
 
-    def merge(self, name, rows, keys, **kwargs):
+    def replace_where(self, name, rows, selection):
         if name == CAPTIONS:
             marker = Path(self.root_uri) / ".caption-merges"
             done = int(marker.read_text()) if marker.exists() else 0
             marker.write_text(str(done + 1))
             if done == 1:
                 raise RuntimeError("injected crash between two caption merges")
-        return super().merge(name, rows, keys, **kwargs)
+        return super().replace_where(name, rows, selection)
 
 
 def _per_video(tables: DeltaTables) -> dict[str, tuple[int, int, int]]:
@@ -213,3 +213,23 @@ def test_a_video_counts_as_captioned_only_when_every_planned_segment_is_ok():
     legacy = df.drop("segments", "split")
     assert sorted(captioned_ok(legacy, "1", 1, split="s")) == ["legacy", "one_missing", "other_split", "whole"]
     assert SCHEMAS[CAPTIONS].field("segments") is not None
+
+
+def test_a_table_from_before_the_completeness_columns_takes_new_rows(tmp_path):
+    """Captions tables written before ``segments``/``split`` existed get the columns, then the rows."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    tables = DeltaTables(root_uri=str(tmp_path))
+    old_schema = pa.schema([f for f in SCHEMAS[CAPTIONS] if f.name not in ("segments", "split")])
+    old = _rows("kept", ["ok"], None, None)
+    write_deltalake(
+        tables.table_uri(CAPTIONS),
+        pa.Table.from_pylist([{k: r.get(k) for k in old_schema.names} for r in old], schema=old_schema),
+    )
+    new = _rows("v1", ["ok", "ok"], 2)
+    runner._write(tables, new, {k: new[0][k] for k in ("model_name", "model_version", "prompt_version", "engine")}, "s")
+    df = pl.read_delta(tables.table_uri(CAPTIONS)).sort("video_id", "segment")
+    assert df["video_id"].to_list() == ["kept", "v1", "v1"]
+    assert df["segments"].to_list() == [None, 2, 2] and df["split"].to_list() == [None, "s", "s"]
+    assert sorted(captioned_ok(df, "1", 1, split="s")) == ["kept", "v1"]

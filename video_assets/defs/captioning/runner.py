@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 from dagster import Failure
 
-from resources.delta import DeltaTables, sql_literal
+from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.settings import ray_outlives_steps
 from resources.vlm import VlmSettings
@@ -18,7 +18,7 @@ from video_assets.core.inference import choose_engine_name
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
-from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
+from video_assets.core.tables import CAPTIONS, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
@@ -154,18 +154,18 @@ def run_captioning(
 
 
 def _write(tables: DeltaTables, rows: list[dict], stamp: dict, split: str) -> int:
-    """Merge whole videos; in the same commit, drop rows of those videos (this model and prompt) that
-    the new rows do not have."""
+    """Write whole videos: in one commit, their rows for this model and prompt are replaced by ``rows``
+    (a rerun's rows, or another split's, leave nothing stale behind)."""
     if not rows:
         return 0
     now = datetime.now(UTC)
     cols = [f.name for f in SCHEMAS[CAPTIONS]]
     full = [{**{c: r.get(c) for c in cols}, **stamp, "split": split, "captioned_at": now} for r in rows]
-    videos = sorted({r["video_id"] for r in full})
-    scope = (
-        f"t.video_id IN ({', '.join(sql_literal(v) for v in videos)})"
-        f" AND t.model_version = {sql_literal(str(stamp['model_version']))}"
-        f" AND t.prompt_version = {int(stamp['prompt_version'])}"
-    )
-    tables.merge(CAPTIONS, to_arrow(CAPTIONS, full), KEYS[CAPTIONS], replace_scope=scope)
+    selection = {
+        "batch_key": sorted({r["batch_key"] for r in full}),  # lets Delta skip other batches' files
+        "video_id": sorted({r["video_id"] for r in full}),
+        "model_version": [str(stamp["model_version"])],
+        "prompt_version": [int(stamp["prompt_version"])],
+    }
+    tables.replace_where(CAPTIONS, to_arrow(CAPTIONS, full), selection)
     return len(full)
