@@ -3,7 +3,6 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/dagster_home
-export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export MLFLOW_ENABLE_TELEMETRY ?= false
 

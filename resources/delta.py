@@ -13,6 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pydantic import Field
 
+from resources.lifetime import exit_with_run_process
 from video_assets.core.tables import BATCH_SCOPED
 
 COMMIT_RETRIES = 5  # concurrent runs of different batches may race on a commit; delta-rs reports it
@@ -47,6 +48,8 @@ class DeltaTables(ConfigurableResource):
         # Before the step (or sensor tick) does any work: a root it cannot write fails now, not
         # after every file is hashed and behind a "table not found".
         self.check_writable()
+        # Every writing step holds this resource: a step whose run process died stops before it commits.
+        exit_with_run_process()
 
     def check_writable(self) -> None:
         """A local root must exist (it is created) and take a file; raises ``TablesUnavailable``

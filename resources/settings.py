@@ -6,7 +6,10 @@ variable is set (so the UI shows where a value came from) and the embedded defau
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 from dagster import EnvVar
@@ -63,3 +66,70 @@ def ray_init_options() -> dict:
             return {}
         return {"runtime_env": {"py_modules": [str(REPO_ROOT / p) for p in SHIPPED_PACKAGES]}}
     return {"include_dashboard": False}
+
+
+def ray_auth_token_path() -> Path:
+    """This instance's Ray token: one per DAGSTER_HOME, so two instances on a machine (or a stale
+    ``~/.ray/auth_token`` from another tool) never share one."""
+    return dagster_home() / "ray" / "auth_token"
+
+
+def ensure_ray_auth_token(path: Path) -> Path:
+    """Create the token file once, readable by its owner only (0600 from the first byte: O_EXCL with
+    the mode, so no window where it is wider); an existing file is narrowed to 0600. Never logged."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        os.chmod(path, 0o600)
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path
+
+
+# What Ray's processes read at start: token mode, and where the token is (Ray's C++ loader reads
+# RAY_AUTH_TOKEN before RAY_AUTH_TOKEN_PATH, so an inherited RAY_AUTH_TOKEN is set aside).
+_RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
+
+
+@contextlib.contextmanager
+def embedded_ray_auth() -> Iterator[Path | None]:
+    """Within: a Ray started by ``ray.init()`` here runs with token authentication and this instance's
+    token (its GCS and raylet listen on every interface whatever the node address, so the token is
+    what refuses other clients). With RAY_ADDRESS set nothing changes: that cluster's own
+    authentication applies (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, as Ray documents)."""
+    if os.environ.get("RAY_ADDRESS"):
+        yield None
+        return
+    with ray_token_auth(ensure_ray_auth_token(ray_auth_token_path())) as token:
+        yield token
+
+
+@contextlib.contextmanager
+def ray_token_auth(token: Path) -> Iterator[Path]:
+    """Within: this process, and the Ray processes it starts (they inherit the environment), use token
+    authentication with the token in ``token``. Restored on exit, so a later connection to another
+    cluster in the same process sees the caller's settings."""
+    saved = {k: os.environ.get(k) for k in _RAY_AUTH_VARS}
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+    _reload_ray_auth()
+    try:
+        yield token
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _reload_ray_auth()
+
+
+def _reload_ray_auth() -> None:
+    # Ray caches the mode (RayConfig) and the token per process; this is what Ray's own
+    # enable-token-auth path does after changing the environment.
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

@@ -52,11 +52,11 @@ def check(ok: bool, what: str) -> None:
 
 
 def resources(model: Path, work: Path, num_cpus: int) -> dict:
-    from dagster_ray import LocalRay
     from dagster_ray.configs import Lifecycle
 
     from resources.delta import DeltaTables
     from resources.mlflow_registry import MlflowRegistry
+    from resources.ray_cluster import EmbeddedRay
     from resources.structurer import StructurerSettings
     from resources.vlm import VlmSettings
     from resources.volume import VideoVolume
@@ -85,8 +85,8 @@ def resources(model: Path, work: Path, num_cpus: int) -> dict:
             vllm_batch_size=4,
             vllm_overrides={**CPU_OVERRIDES, "max_num_seqs": 4},
         ),
-        "ray_cluster": LocalRay(ray_init_options=ray_options),
-        "ray_on_demand": LocalRay(ray_init_options=ray_options, lifecycle=Lifecycle(connect=False)),
+        "ray_cluster": EmbeddedRay(ray_init_options=ray_options),
+        "ray_on_demand": EmbeddedRay(ray_init_options=ray_options, lifecycle=Lifecycle(connect=False)),
     }
 
 

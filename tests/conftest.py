@@ -11,7 +11,6 @@ BUNDLED = REPO / "samples"
 SHARED_SAMPLES = Path(os.environ.get("VIDEO_SAMPLES_DIR", REPO.parent / "shared" / "samples"))
 SAMPLES = SHARED_SAMPLES if (SHARED_SAMPLES / "MANIFEST.csv").exists() else BUNDLED
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; tests use the locally built tiny model
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")

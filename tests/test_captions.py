@@ -5,9 +5,9 @@ import os
 import polars as pl
 import pytest
 from dagster import AssetKey, materialize
-from dagster_ray import LocalRay
 
 from resources.mlflow_registry import MlflowRegistry
+from resources.ray_cluster import EmbeddedRay
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
 from video_assets.defs.captioning.assets import captions
@@ -32,7 +32,7 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
         ),
         # The engine is pinned: "auto" would pick vLLM on a machine with a GPU and vLLM.
         "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=12, vlm_batch_size=2),
-        "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
     }
     plan = register_new_files(res["volume"], res["tables"])
     [key] = plan.batches

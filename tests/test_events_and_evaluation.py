@@ -6,12 +6,12 @@ import os
 import polars as pl
 import pytest
 from dagster import SkipReason, build_sensor_context, materialize
-from dagster_ray import LocalRay
 from dagster_ray.configs import Lifecycle
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from resources.mlflow_registry import MlflowRegistry
+from resources.ray_cluster import EmbeddedRay
 from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
@@ -59,9 +59,9 @@ def _resources(base, tmp_path, model_source=None, cache=None, **structurer):
             **({"model_source": model_source} if model_source else {}),
         ),
         "structurer": StructurerSettings(device="cpu", **structurer),
-        "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
         # As in definitions.py: Ray for the structuring step only when vLLM may run.
-        "ray_on_demand": LocalRay(ray_init_options={"include_dashboard": False}, lifecycle=Lifecycle(connect=False)),
+        "ray_on_demand": EmbeddedRay(ray_init_options={"include_dashboard": False}, lifecycle=Lifecycle(connect=False)),
     }
 
 

@@ -207,12 +207,12 @@ def test_the_whole_graph_on_s3_and_an_mlflow_server(bucket, mlflow_server, insta
     """Uploads in a bucket, every Delta table in the same bucket, MLflow behind a server whose
     artifacts are in that bucket: sensor -> per-batch graph -> evaluation, all read back from s3://."""
     from dagster import SensorResult, build_sensor_context, materialize
-    from dagster_ray import LocalRay
     from dagster_ray.configs import Lifecycle
     from mlflow import MlflowClient
 
     from resources.delta import DeltaTables
     from resources.mlflow_registry import MlflowRegistry
+    from resources.ray_cluster import EmbeddedRay
     from resources.structurer import StructurerSettings
     from resources.vlm import VlmSettings
     from resources.volume import VideoVolume
@@ -244,8 +244,8 @@ def test_the_whole_graph_on_s3_and_an_mlflow_server(bucket, mlflow_server, insta
             vlm_batch_size=2,
         ),
         "structurer": StructurerSettings(device="cpu"),
-        "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
-        "ray_on_demand": LocalRay(ray_init_options={"include_dashboard": False}, lifecycle=Lifecycle(connect=False)),
+        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        "ray_on_demand": EmbeddedRay(ray_init_options={"include_dashboard": False}, lifecycle=Lifecycle(connect=False)),
     }
 
     tick = upload_sensor(build_sensor_context(instance=instance, resources={k: res[k] for k in ("volume", "tables")}))

@@ -170,7 +170,6 @@ class OperatorFlow:
             "MLFLOW_TRACKING_URI": f"sqlite:///{self.home / 'mlflow.db'}",
             "MLFLOW_ARTIFACT_ROOT": str(self.home / "mlartifacts"),
             "VLM_CACHE_DIR": str(self.home / "models"),
-            "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
             "HF_HUB_OFFLINE": "1",
             "MLFLOW_ENABLE_TELEMETRY": "false",

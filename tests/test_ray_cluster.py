@@ -1,5 +1,5 @@
 """A real two-node Ray cluster on 127.0.0.1 (a head and a worker with its own custom resource),
-started by the test: a captions materialisation through RAY_ADDRESS runs its decode stage on the
+started by the test with token authentication (a token of its own, 0600): a captions materialisation through RAY_ADDRESS runs its decode stage on the
 worker and its VLM actor on the head, with this product's code shipped by the runtime_env.
 Every process the test starts is stopped by PID."""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 from dagster import materialize
-from dagster_ray import LocalRay
 
 from resources.mlflow_registry import MlflowRegistry
-from resources.settings import ray_init_options
+from resources.ray_cluster import EmbeddedRay
+from resources.settings import ensure_ray_auth_token, ray_init_options, ray_token_auth
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
 from video_assets.defs.captioning.assets import captions
@@ -54,7 +54,9 @@ def two_node_cluster():
     # A short folder: Ray's unix sockets live under it and their paths are length-limited.
     temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
     port = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    token = ensure_ray_auth_token(Path(temp_dir) / "auth_token")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    env.pop("RAY_AUTH_TOKEN", None)
     common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
     try:
         subprocess.run(
@@ -90,7 +92,9 @@ def two_node_cluster():
             capture_output=True,
             timeout=120,
         )
-        yield f"127.0.0.1:{port}", temp_dir
+        # This process's clients (ray.init with RAY_ADDRESS) use the cluster's token too.
+        with ray_token_auth(token):
+            yield f"127.0.0.1:{port}", temp_dir
     finally:
         for proc in _cluster_processes(temp_dir):
             proc.kill()
@@ -142,7 +146,7 @@ def test_captions_run_on_both_nodes_with_shipped_code(
             decode_resources={"video_worker": 1},
             vlm_resources={"head_node": 1},
         ),
-        "ray_cluster": LocalRay(ray_init_options=init),
+        "ray_cluster": EmbeddedRay(ray_init_options=init),
     }
     plan = register_new_files(res["volume"], res["tables"])
     [key] = plan.batches
@@ -169,7 +173,7 @@ def test_captions_run_on_both_nodes_with_shipped_code(
 
 DRIVER = """
 import json, ray
-from resources.settings import ray_init_options
+from resources.settings import ensure_ray_auth_token, ray_init_options, ray_token_auth
 
 ray.init(**ray_init_options())
 
@@ -187,7 +191,7 @@ def test_code_is_shipped_by_the_runtime_env(two_node_cluster, monkeypatch):
     """A worker imports this product from the uploaded py_modules. The driver runs outside the
     checkout, so nothing but the runtime_env can put the checkout's copy on the worker's path."""
     address, temp_dir = two_node_cluster
-    env = {**os.environ, "RAY_ADDRESS": address, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "RAY_ADDRESS": address, "RAY_USAGE_STATS_ENABLED": "0"}  # with the fixture's token settings
     out = subprocess.run(
         [sys.executable, "-c", DRIVER], cwd=temp_dir, env=env, capture_output=True, text=True, timeout=300, check=True
     )

@@ -197,6 +197,16 @@ def _print_where(tables) -> None:
     print("Open the UI:      make ui   (then http://127.0.0.1:3000)")
 
 
+def recover(instance: DagsterInstance) -> list[str]:
+    """Runs left STARTED by a killed run process: marked failed, their slots freed (every command does this first)."""
+    from video_assets.defs.orphans import fail_orphaned_runs
+
+    failed = fail_orphaned_runs(instance)
+    for run_id in failed:
+        print(f"run {run_id}: its process is gone; marked failed (rerun its batch to complete it)")
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="video-assets", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -206,10 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     dem.add_argument("--batch-size", type=int, default=None)
     dem.add_argument("--all", action="store_true", help="rerun every batch, not only new ones")
     sub.add_parser("init", help="create the Dagster instance in DAGSTER_HOME (safe to run concurrently)")
+    sub.add_parser("recover", help="mark failed the runs whose process was killed, freeing their slots")
     args = parser.parse_args(argv)
     home = init_instance()  # before anything else touches the instance
     if args.command == "init":
         print(f"Dagster instance ready: {home}")
+        return 0
+    failed = recover(DagsterInstance.get())  # runs whose process is gone: failed, their slots freed
+    if args.command == "recover":
+        print(f"{len(failed)} orphaned run(s) marked failed")
         return 0
     if args.command == "register":
         new = register_archive(DagsterInstance.get(), args.batch_size)

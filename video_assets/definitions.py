@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dagster import Definitions
-from dagster_ray import LocalRay
 from dagster_ray.configs import Lifecycle
 
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
+from resources.ray_cluster import EmbeddedRay
 from resources.settings import (
     default_mlflow_artifacts,
     default_mlflow_uri,
@@ -45,10 +45,11 @@ def build_resources() -> dict:
             model=env_or("STRUCTURER_MODEL", CAPTIONER),
             engine=env_or("STRUCTURER_ENGINE", "auto"),
         ),
-        # Connects to RAY_ADDRESS when set (ray.init reads it); an embedded local Ray otherwise.
-        "ray_cluster": LocalRay(ray_init_options=ray_init_options()),
+        # Connects to RAY_ADDRESS when set (ray.init reads it); an embedded local Ray, with Ray's
+        # token authentication on and this instance's token, otherwise.
+        "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options()),
         # The same, connected only when a step asks (structuring starts Ray only for the vLLM engine).
-        "ray_on_demand": LocalRay(ray_init_options=ray_init_options(), lifecycle=Lifecycle(connect=False)),
+        "ray_on_demand": EmbeddedRay(ray_init_options=ray_init_options(), lifecycle=Lifecycle(connect=False)),
     }
 
 

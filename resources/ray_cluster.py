@@ -1,0 +1,28 @@
+"""The Ray resource: dagster-ray's ``LocalRay`` with Ray's token authentication kept on for the
+embedded cluster, and the step's Ray processes bound to the run's life."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import dagster as dg
+from dagster_ray import LocalRay
+
+from resources.lifetime import exit_with_run_process
+from resources.settings import embedded_ray_auth
+
+
+class EmbeddedRay(LocalRay):
+    """An embedded local Ray (or ``RAY_ADDRESS``'s cluster, untouched) for the step that asks for it.
+
+    Embedded, it starts with ``RAY_AUTH_MODE=token`` and this instance's token file (created 0600
+    under DAGSTER_HOME): Ray 2.60's GCS and raylet listen on every interface whatever address they
+    are given, so the token is what refuses anyone else. The step also ends with its run process,
+    taking the Ray processes it started with it (``resources/lifetime.py``)."""
+
+    @contextlib.contextmanager
+    def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[EmbeddedRay]:
+        exit_with_run_process()
+        with embedded_ray_auth(), super().yield_for_execution(context) as resource:
+            yield resource

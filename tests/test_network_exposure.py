@@ -1,0 +1,158 @@
+"""Nothing the product starts accepts unauthenticated work from the network. During a real
+materialisation with the product's `ray_cluster` resource (the embedded Ray): every socket its Ray
+processes listen on either is loopback-only or refuses a gRPC/HTTP call without this instance's token
+(and answers the same call with it), and a Ray client without the token cannot connect while one with
+it can. Every process is the run's own and stops with it; every wait is bounded."""
+
+import os
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from ipaddress import ip_address
+
+import grpc
+import psutil
+import pytest
+from dagster import asset, materialize
+from dagster_ray import RayResource
+
+from resources.settings import ray_auth_token_path
+from video_assets.definitions import build_resources
+
+# One cheap read-only method per Ray gRPC service (GCS, raylet, object manager, core worker). Ray
+# checks the token after finding the method, so an unknown method says UNIMPLEMENTED either way.
+PROBES = (
+    "/ray.rpc.NodeInfoGcsService/GetClusterId",
+    "/ray.rpc.NodeManagerService/GetSystemConfig",
+    "/ray.rpc.ObjectManagerService/Pull",
+    "/ray.rpc.CoreWorkerService/NumPendingTasks",
+)
+
+CLIENT = "import ray, sys; ray.init(address=sys.argv[1]); print('CONNECTED', ray.get(ray.put(7)))"
+
+observed: dict = {}
+
+
+def _grpc(addr: str, method: str, token: str | None) -> str:
+    meta = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(addr) as ch:
+        try:
+            ch.unary_unary(method)(b"", timeout=10, metadata=meta)
+            return "OK"
+        except grpc.RpcError as e:
+            return e.code().name
+
+
+def _http(addr: str) -> int | str:
+    try:
+        urllib.request.urlopen(f"http://{addr}/", timeout=10)
+        return 200
+    except urllib.error.HTTPError as e:
+        return e.code
+    except Exception as e:  # not HTTP (a gRPC port)
+        return type(e).__name__
+
+
+def _listeners() -> list[tuple[int, str, str, int]]:
+    """(pid, name, ip, port) of every listening TCP socket of this process's descendants: the Ray
+    head node the resource started (GCS, raylet, agents, workers)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            for c in proc.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    found.append((proc.pid, proc.name(), c.laddr.ip, c.laddr.port))
+        except psutil.Error:
+            continue
+    return found
+
+
+def _probe(token: str) -> None:
+    import ray
+
+    gcs = ray._private.worker._global_node.gcs_address
+    ray.get(ray.remote(lambda: 1).remote())  # a worker up, so its own gRPC server is listening too
+    sockets = []
+    for pid, name, ip, port in _listeners():
+        host = "127.0.0.1" if ip in ("::", "0.0.0.0") else ip
+        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        without = {m: _grpc(addr, m, None) for m in PROBES}
+        with_token = {m: _grpc(addr, m, token) for m in PROBES}
+        sockets.append(
+            dict(pid=pid, name=name, ip=ip, port=port, without=without, with_token=with_token, http=_http(addr))
+        )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+    clients = {
+        "auth disabled": {"RAY_AUTH_MODE": "disabled"},
+        "wrong token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+        "the instance's token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(ray_auth_token_path())},
+    }
+    procs = {
+        label: subprocess.Popen(
+            [sys.executable, "-c", CLIENT, gcs],
+            env={**env, **extra},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for label, extra in clients.items()
+    }
+    results = {}
+    for label, proc in procs.items():
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            out, _ = proc.communicate()
+        results[label] = (proc.returncode, out)
+    observed.update(gcs=gcs, sockets=sockets, clients=results, auth_mode=os.environ.get("RAY_AUTH_MODE"))
+
+
+@asset
+def network_probe(ray_cluster: RayResource) -> None:
+    _probe(ray_auth_token_path().read_text().strip())
+
+
+@pytest.mark.slow
+def test_embedded_ray_refuses_clients_without_the_instance_token(instance, dagster_home, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # an operator's leftover setting: the embedded Ray ignores it
+    observed.clear()
+    result = materialize(
+        [network_probe], instance=instance, resources={"ray_cluster": build_resources()["ray_cluster"]}
+    )
+    assert result.success
+
+    token_file = dagster_home / "ray" / "auth_token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    token = token_file.read_text().strip()
+    assert len(token) >= 32
+
+    # (1) Listening sockets: Ray 2.60 puts GCS and raylet on every interface, so each socket that is
+    # not loopback-only must refuse a call without the token and answer the same call with it.
+    gcs_port = int(observed["gcs"].rsplit(":", 1)[1])
+    assert gcs_port in {s["port"] for s in observed["sockets"]}, observed["sockets"]
+    for s in observed["sockets"]:
+        if ip_address(s["ip"]).is_loopback:
+            continue
+        guarded = [m for m in PROBES if s["without"][m] == "UNAUTHENTICATED" and s["with_token"][m] == "OK"]
+        assert guarded or s["http"] == 401, (
+            f"{s['name']} (pid {s['pid']}) serves {s['ip']}:{s['port']} without a token: {s}"
+        )
+
+    # (2) Clients: without the token (auth off, or a wrong one) refused; with it, connected.
+    codes = {label: rc for label, (rc, _) in observed["clients"].items()}
+    assert codes["auth disabled"] != 0 and codes["wrong token"] != 0, observed["clients"]
+    assert codes["the instance's token"] == 0 and "CONNECTED 7" in observed["clients"]["the instance's token"][1]
+    assert "CONNECTED" not in observed["clients"]["auth disabled"][1] + observed["clients"]["wrong token"][1]
+
+    # The run's own setting, restored after it.
+    assert observed["auth_mode"] == "token"  # during the run
+    assert os.environ["RAY_AUTH_MODE"] == "disabled"  # restored after it
+
+    # Never logged: not in the run's event log.
+    logs = instance.all_logs(result.run_id)
+    assert not [e for e in logs if token in (e.user_message or "")]
