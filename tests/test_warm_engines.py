@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from resources.settings import embedded_ray_auth
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import WARM_NAMESPACE, caption_rows, warm_engine_names
 from video_assets.core.inference.model_cache import ModelFiles
@@ -25,10 +26,11 @@ def _videos(names):
 
 
 @pytest.fixture
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+def local_ray(dagster_home):
+    with embedded_ray_auth():  # the product's embedded Ray: token authentication on
+        ray.init(num_cpus=2, include_dashboard=False)
+        yield
+        ray.shutdown()
 
 
 def _engine(name):

@@ -207,6 +207,21 @@ def recover(instance: DagsterInstance) -> list[str]:
     return failed
 
 
+def ray_service_command(args) -> int:
+    """Steps join the service instead of embedding a Ray each (start-up paid once, engines kept warm)."""
+    from resources import ray_service
+
+    if args.action == "up":
+        info = ray_service.up(args.num_cpus)
+        print(f"local Ray {'started' if info['started'] else 'already running'} at {info['address']} (127.0.0.1 only)")
+    elif args.action == "down":
+        print(f"local Ray stopped ({ray_service.down()} processes)")
+    else:
+        address = ray_service.service_address()
+        print(f"local Ray at {address}" if address else "no local Ray service (steps embed their own)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="video-assets", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -217,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     dem.add_argument("--all", action="store_true", help="rerun every batch, not only new ones")
     sub.add_parser("init", help="create the Dagster instance in DAGSTER_HOME (safe to run concurrently)")
     sub.add_parser("recover", help="mark failed the runs whose process was killed, freeing their slots")
+    ray_cmd = sub.add_parser("ray", help="this instance's long-lived local Ray: up, down or status")
+    ray_cmd.add_argument("action", choices=("up", "down", "status"))
+    ray_cmd.add_argument("--num-cpus", type=int, default=None, help="logical CPUs (default: all)")
     args = parser.parse_args(argv)
+    if args.command == "ray":
+        return ray_service_command(args)
     home = init_instance()  # before anything else touches the instance
     if args.command == "init":
         print(f"Dagster instance ready: {home}")

@@ -15,6 +15,7 @@ from resources.settings import (
     default_tables_uri,
     default_volume_uri,
     env_or,
+    local_ray_address,
     ray_init_options,
 )
 from resources.structurer import CAPTIONER, StructurerSettings
@@ -47,9 +48,11 @@ def build_resources() -> dict:
         ),
         # Connects to RAY_ADDRESS when set (ray.init reads it); an embedded local Ray, with Ray's
         # token authentication on and this instance's token, otherwise.
-        "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options()),
+        "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options(), address=local_ray_address()),
         # The same, connected only when a step asks (structuring starts Ray only for the vLLM engine).
-        "ray_on_demand": EmbeddedRay(ray_init_options=ray_init_options(), lifecycle=Lifecycle(connect=False)),
+        "ray_on_demand": EmbeddedRay(
+            ray_init_options=ray_init_options(), address=local_ray_address(), lifecycle=Lifecycle(connect=False)
+        ),
     }
 
 

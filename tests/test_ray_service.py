@@ -1,0 +1,91 @@
+"""The long-lived local Ray (`video-assets ray up`): steps join it instead of embedding a Ray each, the
+caption engine loaded by one batch serves the next, and `ray down` stops every process it started.
+Real Ray processes on 127.0.0.1, the real captions asset, the tiny real model."""
+
+import os
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+import ray
+from dagster import materialize
+
+from resources import ray_service
+from resources.mlflow_registry import MlflowRegistry
+from resources.ray_cluster import EmbeddedRay
+from resources.settings import embedded_ray_auth, local_ray_address, ray_init_options, ray_outlives_steps
+from resources.vlm import VlmSettings
+from tests.conftest import copy_samples
+from video_assets.core.captioning.job import WARM_NAMESPACE
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.ingest.assets import raw_videos, video_metadata
+from video_assets.defs.ingest.registration import register_new_files
+from video_assets.defs.models.assets import caption_prompt, vlm_model
+from video_assets.defs.partitions import video_batches
+
+RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "video_assets.cli", *args],
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def _engine_pids(address) -> set[int]:
+    with embedded_ray_auth():
+        ray.init(address=address)
+        try:
+            actors = ray.util.list_named_actors(all_namespaces=True)
+            names = [a["name"] for a in actors if a["namespace"] == WARM_NAMESPACE]
+            return {ray.get(ray.get_actor(n, namespace=WARM_NAMESPACE).info.remote())["pid"] for n in names}
+        finally:
+            ray.shutdown()
+
+
+@pytest.mark.slow
+def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+    assert ray_service.service_address() is None and not ray_outlives_steps()
+    up = _cli("ray", "up", "--num-cpus", "2")
+    assert up.returncode == 0, up.stderr
+    try:
+        address = ray_service.service_address()
+        assert address and address.startswith("127.0.0.1:") and ray_outlives_steps()
+        assert ray_init_options() == {} and local_ray_address() == address
+        res = {
+            **resources,
+            "mlflow_registry": MlflowRegistry(
+                tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
+            ),
+            "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=4),
+            "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options(), address=local_ray_address()),
+        }
+        assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+        pids = []
+        for clips in (["realshort.mp4"], ["asl_eat.mkv", "fire2.mp4"]):
+            copy_samples(volume_dir, clips)
+            [key] = register_new_files(res["volume"], res["tables"]).batches
+            instance.add_dynamic_partitions(video_batches.name, [key])
+            result = materialize(
+                [raw_videos, video_metadata, captions, vlm_model, caption_prompt],
+                selection=[raw_videos, video_metadata, captions],
+                partition_key=key,
+                instance=instance,
+                resources=res,
+                run_config=RUN_CONFIG,
+            )
+            assert result.success
+            assert ray_service.service_address() == address  # the service outlived the step
+            pids.append(_engine_pids(address))
+        assert len(pids[0]) == 1 and pids[0] == pids[1]  # one engine, loaded once, served both batches
+        caps = pl.read_delta(res["tables"].table_uri("captions"))
+        assert caps.height == 3 and (caps["status"] == "ok").all()
+    finally:
+        down = _cli("ray", "down")
+    assert down.returncode == 0, down.stderr
+    assert ray_service.service_address() is None and not ray_service.processes()
