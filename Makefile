@@ -119,15 +119,7 @@ ui: $(BIN)/.installed
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # The MLflow UI on the embedded SQLite store (the evaluation metadata links to it).
-mlflow-# A long-lived local Ray (127.0.0.1, this instance's token) that every step joins: Ray's start-up is
-# paid once and caption engines stay loaded between batches. Start it before `make demo` / `make ui`.
-ray-up: $(BIN)/.installed
-	$(BIN)/video-assets ray up
-
-ray-down: $(BIN)/.installed
-	$(BIN)/video-assets ray down
-
-ui: $(BIN)/.installed
+mlflow-ui: $(BIN)/.installed
 	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(DAGSTER_HOME)/mlflow.db}" -h 127.0.0.1 -p 5000
 
 clean-data:

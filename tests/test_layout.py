@@ -106,3 +106,12 @@ def test_readme_layout_names_paths_that_exist():
     assert len(paths) >= 10
     missing = sorted(p for p in paths if not (ROOT / p.rstrip("/")).exists())
     assert missing == []
+
+
+def test_the_makefile_parses_and_names_its_targets():
+    """A broken Makefile breaks both set-up commands: every documented target must at least plan."""
+    import subprocess
+
+    targets = ["demo", "test", "ui", "mlflow-ui", "ray-up", "ray-down", "bench", "gpu-check", "test-vllm-cpu"]
+    done = subprocess.run(["make", "-n", *targets], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
