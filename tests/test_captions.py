@@ -88,6 +88,14 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
     assert abs(sum(v for k, v in parts.items() if k != "total") - parts["total"]) < 0.01 * parts["total"] + 0.05
     assert parts["setup"] > 0.5 and parts["job_startup"] > 0 and parts["delta"] > 0
     assert cost["busy_s"]["generation"] > 0 and cost["busy_s"]["decode_cpu"] > 0
+    # ... and the throughput model calibrates on it (`video-assets predict`).
+    from video_assets.cli import calibration
+    from video_assets.core.throughput import StageCosts, predict
+
+    measured, video_s, requests = calibration(instance)
+    assert measured == cost and video_s > 0 and requests == len(GOOD) + 1  # + the damaged one
+    costs = StageCosts.from_run(measured, video_s, requests, cpu_workers=1)
+    assert predict(costs, video_s, 1).wall_s == pytest.approx(parts["total"], rel=0.01)
 
     # Rerun: cached videos are skipped, the failed one retried, and the row count stays the same.
     again = caption()

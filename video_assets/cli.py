@@ -207,6 +207,37 @@ def recover(instance: DagsterInstance) -> list[str]:
     return failed
 
 
+def calibration(instance: DagsterInstance, limit: int = 20) -> tuple[dict, float, int]:
+    """The latest captions materialisation that captioned something: its cost breakdown, video seconds
+    and requests (what `predict` calibrates on)."""
+    from dagster import AssetKey
+
+    for record in instance.fetch_materializations(AssetKey("captions"), limit=limit, ascending=False).records:
+        meta = record.asset_materialization.metadata
+        if "cost_breakdown" in meta and meta.get("requests") and meta["requests"].value > 0:
+            return meta["cost_breakdown"].value, float(meta["video_s"].value), int(meta["requests"].value)
+    raise SystemExit("no captions materialisation with measured costs yet: run a batch first (make demo)")
+
+
+def predict_command(args) -> int:
+    """Wall time for N hours of video on M decode workers and E engines, from the last measured batch."""
+    from video_assets.core.throughput import StageCosts, decode_workers, predict
+
+    cost, video_s, requests = calibration(DagsterInstance.get())
+    costs = StageCosts.from_run(cost, video_s, requests)
+    workers = (
+        decode_workers(args.cpu_workers, args.cluster_cpus, args.engines) if args.cluster_cpus else args.cpu_workers
+    )
+    p = predict(costs, args.hours * 3600, workers, args.engines)
+    print(f"calibrated on {video_s:.0f} s of video, {requests} requests: {costs}")
+    print(
+        f"{args.hours} h of video on {workers} decode workers and {args.engines} engine(s): "
+        f"{p.wall_s / 3600:.2f} h wall ({p.wall_s:.0f} s), bound by {p.bound_by}; "
+        f"CPU:accelerator {p.cpu_to_accelerator:.2f}; {p.best_cpu_workers} decode workers keep the engines busy"
+    )
+    return 0
+
+
 def ray_service_command(args) -> int:
     """Steps join the service instead of embedding a Ray each (start-up paid once, engines kept warm)."""
     from resources import ray_service
@@ -235,6 +266,16 @@ def main(argv: list[str] | None = None) -> int:
     ray_cmd = sub.add_parser("ray", help="this instance's long-lived local Ray: up, down or status")
     ray_cmd.add_argument("action", choices=("up", "down", "status"))
     ray_cmd.add_argument("--num-cpus", type=int, default=None, help="logical CPUs (default: all)")
+    pred = sub.add_parser("predict", help="predict wall time for N hours of video from the last measured batch")
+    pred.add_argument("--hours", type=float, required=True)
+    pred.add_argument("--cpu-workers", type=int, default=2, help="parallel decode tasks")
+    pred.add_argument("--engines", type=int, default=1)
+    pred.add_argument(
+        "--cluster-cpus",
+        type=float,
+        default=None,
+        help="CPUs of the Ray cluster: caps decode workers at what engines leave",
+    )
     args = parser.parse_args(argv)
     if args.command == "ray":
         return ray_service_command(args)
@@ -246,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "recover":
         print(f"{len(failed)} orphaned run(s) marked failed")
         return 0
+    if args.command == "predict":
+        return predict_command(args)
     if args.command == "register":
         new = register_archive(DagsterInstance.get(), args.batch_size)
         print(f"{len(new)} new batch(es)")

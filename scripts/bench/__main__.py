@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("probe", "sampling", "delta", "pipeline")
+SECTIONS = ("probe", "sampling", "delta", "pipeline", "throughput")
 SUFFIXES = (".mp4", ".mkv", ".webm", ".avi", ".mpg", ".mov")
 
 

@@ -19,7 +19,7 @@ SMALL, LARGE = 2, 20
 CLIP_S = 4  # seconds per generated clip
 
 
-def _clip(path: Path, seed: int) -> None:
+def _clip(path: Path, seed: int, seconds: int = CLIP_S) -> None:
     """A distinct small H.264 clip: a moving bright square on noise (content differs per seed)."""
     import av
 
@@ -27,7 +27,7 @@ def _clip(path: Path, seed: int) -> None:
     with av.open(str(path), "w") as out:
         stream = out.add_stream("libx264", rate=10)
         stream.width, stream.height, stream.pix_fmt = 320, 240, "yuv420p"
-        for i in range(CLIP_S * 10):
+        for i in range(seconds * 10):
             img = rng.integers(0, 60, (240, 320, 3), dtype=np.uint8)
             x = (seed * 37 + i * 7) % 260
             img[80:140, x : x + 60] = 230
@@ -37,9 +37,10 @@ def _clip(path: Path, seed: int) -> None:
             out.mux(packet)
 
 
-def _batches(work: Path, warm: bool) -> dict[int, dict]:
-    """cost_breakdown of the captions step for a SMALL and a LARGE batch (after a 1-clip warm-up batch
-    when ``warm``: the long-lived local Ray and its engine are then already up)."""
+def _batches(work: Path, warm: bool, sizes: tuple[int, ...] = (SMALL, LARGE), clip_s: int = CLIP_S) -> dict[int, dict]:
+    """The captions step's metadata (``cost_breakdown``, ``video_s``, ``requests``) for a batch of each
+    size, one after the other (after a 1-clip warm-up batch when ``warm``: the long-lived local Ray and
+    its engine are then already up)."""
     from dagster import DagsterInstance, materialize
 
     from resources import ray_service
@@ -76,9 +77,9 @@ def _batches(work: Path, warm: bool) -> dict[int, dict]:
         assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
         costs = {}
         seed = 1000 if warm else 0  # distinct content in each mode
-        for n in ((1,) if warm else ()) + (SMALL, LARGE):
+        for n in ((1,) if warm else ()) + tuple(sizes):
             for _ in range(n):
-                _clip(volume / f"clip{seed:04d}.mp4", seed)
+                _clip(volume / f"clip{seed:04d}.mp4", seed, clip_s)
                 seed += 1
             [key] = register_new_files(res["volume"], res["tables"]).batches
             instance.add_dynamic_partitions(video_batches.name, [key])
@@ -94,7 +95,12 @@ def _batches(work: Path, warm: bool) -> dict[int, dict]:
                 run_config={"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4}}}},
             )
             assert result.success
-            costs[n] = result.asset_materializations_for_node("captions")[0].metadata["cost_breakdown"].value
+            meta = result.asset_materializations_for_node("captions")[0].metadata
+            costs[n] = {
+                **meta["cost_breakdown"].value,
+                "video_s": meta["video_s"].value,
+                "requests": meta["requests"].value,
+            }
         return costs
     finally:
         if warm:

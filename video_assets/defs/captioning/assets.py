@@ -149,6 +149,9 @@ def captions(
             # Where the step's time went: set-up (Ray), model resolution, Delta, the job's start-up
             # (actors, model load) and streaming; busy figures overlap the wall time.
             "cost_breakdown": cost.metadata(decode_cpu=cpu_s, generation=engine_s),
+            # What the throughput model (`video-assets predict`) calibrates on.
+            "video_s": MetadataValue.float(round(float(todo.get_column("duration_s").fill_null(0).sum() or 0), 3)),
+            "requests": MetadataValue.int(int(stats["requests"])),
             "output_tokens": MetadataValue.int(int(out.get_column("output_tokens").sum() or 0)),
         },
     )

@@ -101,6 +101,7 @@ def run_captioning(
     nodes: dict[str, set[str]] = {"decode": set(), "engine": set()}  # Ray node ids each stage ran on
     previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
+    n_rows = 0
     for n_rows, row in enumerate(caption_rows(videos, spec) if videos else [], start=1):
         if first_row_s is None:
             first_row_s = time.perf_counter() - started
@@ -145,6 +146,7 @@ def run_captioning(
         "written": written,
         "wall_s": time.perf_counter() - started,
         "first_row_s": first_row_s or 0.0,
+        "requests": n_rows,  # segment rows the job produced
         "delta_s": delta_s,
         "cpu_s": cpu_s,
         "engine_s": engine_s,

@@ -1,0 +1,38 @@
+"""The throughput model (pure): the slower stage bounds the stream, workers an engine leaves are the
+ones that decode, and a calibration run is reproduced exactly."""
+
+import pytest
+
+from video_assets.core.throughput import StageCosts, decode_workers, predict
+
+COSTS = StageCosts(startup_s=10.0, decode_cpu_s_per_video_s=0.2, engine_s_per_request=0.5, requests_per_video_s=0.1)
+
+
+def test_the_slower_stage_bounds_the_stream_and_more_decode_workers_stop_helping():
+    hour = 3600.0
+    one = predict(COSTS, hour, cpu_workers=1)  # decode 720 s vs engine 180 s
+    assert one.bound_by == "decode" and one.wall_s == pytest.approx(10 + 720 + 180 / 360)
+    assert one.cpu_to_accelerator == pytest.approx(4.0) and one.best_cpu_workers == 4
+    four = predict(COSTS, hour, cpu_workers=4)
+    eight = predict(COSTS, hour, cpu_workers=8)
+    assert four.wall_s < one.wall_s and eight.bound_by == "engine"
+    assert eight.wall_s == pytest.approx(predict(COSTS, hour, cpu_workers=16).wall_s, rel=0.01)  # engine-bound
+    assert predict(COSTS, hour, cpu_workers=8, engines=2).wall_s < eight.wall_s
+    assert predict(COSTS, 2 * hour, 4).wall_s - four.wall_s == pytest.approx(four.wall_s - 10, rel=0.01)
+    with pytest.raises(ValueError):
+        predict(COSTS, hour, cpu_workers=0)
+
+
+def test_decode_workers_are_the_cpus_engines_leave():
+    assert decode_workers(cpu_concurrency=2, cluster_cpus=2, engines=1) == 1
+    assert decode_workers(cpu_concurrency=8, cluster_cpus=16, engines=2) == 8
+    assert decode_workers(cpu_concurrency=8, cluster_cpus=4, engines=4) == 1
+
+
+def test_calibration_reproduces_its_own_run():
+    cost = {"wall_s": {"total": 30.0, "setup": 3.0}, "busy_s": {"decode_cpu": 12.0, "generation": 4.0}}
+    costs = StageCosts.from_run(cost, video_s=60.0, requests=8, cpu_workers=2)
+    assert costs.decode_cpu_s_per_video_s == pytest.approx(0.2) and costs.engine_s_per_request == pytest.approx(0.5)
+    assert predict(costs, 60.0, 2).wall_s == pytest.approx(30.0)
+    with pytest.raises(ValueError, match="captioned video"):
+        StageCosts.from_run(cost, video_s=0, requests=0)

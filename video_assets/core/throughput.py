@@ -1,0 +1,86 @@
+"""A throughput model of the captioning job: characterise small, predict large.
+
+From per-stage costs measured on a small run (the ``captions`` asset's ``cost_breakdown``: the job's
+fixed start-up, decode CPU seconds per second of video, engine seconds per request, requests per
+second of video), predict the wall time of N hours of video on a given number of decode workers and
+engines, which stage bounds it, the CPU:accelerator ratio, and the decode concurrency that keeps the
+engines fed. The job is a two-stage stream, so its steady state runs at the slower stage's rate;
+the start-up and the first item's pass through the faster stage are paid once.
+
+Pure: no Dagster, no Ray.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    startup_s: float  # per step: Ray (or joining it), actors, model load, first batch
+    decode_cpu_s_per_video_s: float  # CPU seconds of decode + sample per second of video
+    engine_s_per_request: float  # engine busy seconds per segment request
+    requests_per_video_s: float  # segment requests per second of video
+    other_s: float = 0.0  # per step: Delta, model resolution, Dagster
+
+    @classmethod
+    def from_run(cls, cost: dict, video_s: float, requests: int, cpu_workers: int = 1, engines: int = 1) -> StageCosts:
+        """Costs from one captions materialisation (its ``cost_breakdown`` metadata, the seconds of video
+        it captioned, the requests it sent) made with ``cpu_workers`` decode tasks at once and
+        ``engines`` engines. The fixed cost is what the run's wall time leaves once its stream is
+        accounted for, so the model reproduces the run it was calibrated on."""
+        wall, busy = cost["wall_s"], cost["busy_s"]
+        if video_s <= 0 or requests <= 0:
+            raise ValueError("a calibration run needs captioned video (video_s > 0, requests > 0)")
+        per_stage = cls(
+            startup_s=0.0,
+            decode_cpu_s_per_video_s=busy["decode_cpu"] / video_s,
+            engine_s_per_request=busy["generation"] / requests,
+            requests_per_video_s=requests / video_s,
+        )
+        stream = predict(per_stage, video_s, cpu_workers, engines).wall_s
+        return cls(
+            startup_s=max(0.0, wall["total"] - stream),
+            decode_cpu_s_per_video_s=per_stage.decode_cpu_s_per_video_s,
+            engine_s_per_request=per_stage.engine_s_per_request,
+            requests_per_video_s=per_stage.requests_per_video_s,
+        )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    wall_s: float
+    decode_s: float  # the decode stage's share of the wall time at this concurrency
+    engine_s: float  # the engines' share
+    bound_by: str  # "decode" | "engine"
+    cpu_to_accelerator: float  # decode CPU seconds per engine second
+    best_cpu_workers: int  # decode workers that keep `engines` busy (more only wait)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def decode_workers(cpu_concurrency: int, cluster_cpus: float, engines: int, cpus_per_engine: float = 1.0) -> int:
+    """Decode tasks that really run at once: Ray schedules a 1-CPU task only on a CPU no engine holds."""
+    free = int(cluster_cpus - engines * cpus_per_engine)
+    return max(1, min(cpu_concurrency, free))
+
+
+def predict(costs: StageCosts, video_s: float, cpu_workers: int, engines: int = 1) -> Prediction:
+    """Wall time of captioning ``video_s`` seconds of video with ``cpu_workers`` decode tasks in
+    parallel and ``engines`` engines."""
+    if cpu_workers < 1 or engines < 1:
+        raise ValueError("need at least one decode worker and one engine")
+    decode_total = costs.decode_cpu_s_per_video_s * video_s
+    requests = costs.requests_per_video_s * video_s
+    engine_total = costs.engine_s_per_request * requests
+    decode_s = decode_total / cpu_workers
+    engine_s = engine_total / engines
+    slower, faster = max(decode_s, engine_s), min(decode_s, engine_s)
+    # Fill/drain: the first item crosses the faster stage before the slower one is busy.
+    per_item = faster / max(1.0, requests)
+    wall = costs.startup_s + costs.other_s + slower + per_item
+    ratio = decode_total / engine_total if engine_total else math.inf
+    best = max(1, math.ceil(engines * ratio)) if math.isfinite(ratio) else 1
+    return Prediction(wall, decode_s, engine_s, "decode" if decode_s >= engine_s else "engine", ratio, best)
