@@ -124,7 +124,7 @@ def test_the_key_check_fails_on_a_duplicate_key(instance, resources, volume_dir)
     tables.merge(RAW_VIDEOS, to_arrow(RAW_VIDEOS, twin.to_dicts()), ["uri"])
     assert tables.read(RAW_VIDEOS).height == raw.height + 1
 
-    # The checks alone (they read the whole table, so no partition).
+    # The checks alone, without a partition: they cover the latest materialised batch, which holds the twin.
     result = materialize(
         [raw_videos, video_metadata, *ingest_checks],
         selection=AssetSelection.checks(*ingest_checks),
@@ -142,3 +142,43 @@ def test_the_key_check_fails_on_a_duplicate_key(instance, resources, volume_dir)
         if (e.asset_key.to_user_string(), e.check_name) == ("raw_videos", "unique_key")
     )
     assert failed.metadata["duplicate_keys"].value == [twin["video_id"][0]]
+
+
+def test_the_checks_cover_only_the_batch_just_materialised(instance, resources, volume_dir):
+    copy_samples(volume_dir, CLIPS[:1])
+    [first] = register(instance, resources)
+    assert run(instance, resources, first).success
+    copy_samples(volume_dir, CLIPS[1:2])
+    [second] = register(instance, resources)
+    assert run(instance, resources, second).success
+    # A duplicate key planted in the first batch (a second row for its video under another uri).
+    tables = resources["tables"]
+    twin = tables.batch(RAW_VIDEOS, first).with_columns(pl.lit("/elsewhere/twin.mp4").alias("uri"))
+    tables.merge(RAW_VIDEOS, to_arrow(RAW_VIDEOS, twin.to_dicts()), ["uri"])
+
+    def outcomes(result):
+        return {(e.asset_key.to_user_string(), e.check_name): e for e in result.get_asset_check_evaluations()}
+
+    # The second batch's run checks only its rows: the first batch's duplicate is not its to see.
+    other = outcomes(run(instance, resources, second))[("raw_videos", "unique_key")]
+    assert other.passed
+    assert other.metadata["batches"].value == [second] and other.metadata["rows"].value == 1
+    # Launched on their own (no partition), the checks cover the latest materialised batch: the second.
+    alone = materialize(
+        [raw_videos, video_metadata, *ingest_checks],
+        selection=AssetSelection.checks(*ingest_checks),
+        instance=instance,
+        resources=resources,
+    )
+    assert outcomes(alone)[("raw_videos", "unique_key")].metadata["batches"].value == [second]
+    # The first batch's run does see it (raw_videos and its checks: the twin would fail the probe's merge).
+    rerun = materialize(
+        [raw_videos, video_metadata, *ingest_checks],
+        selection=AssetSelection.assets(raw_videos),
+        partition_key=first,
+        instance=instance,
+        resources=resources,
+    )
+    own = outcomes(rerun)[("raw_videos", "unique_key")]
+    assert not own.passed
+    assert own.metadata["batches"].value == [first] and own.metadata["duplicate_keys"].value == [twin["video_id"][0]]

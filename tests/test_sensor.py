@@ -5,8 +5,10 @@ import shutil
 import polars as pl
 from dagster import SensorResult, SkipReason, build_sensor_context
 
+from resources.delta import DeltaTables
 from resources.volume import VideoVolume
 from tests.conftest import copy_samples
+from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.ingest.sensors import upload_sensor
 from video_assets.defs.partitions import video_batches
 
@@ -77,9 +79,70 @@ def test_batch_size_bounds_each_partition(instance, resources, volume_dir):
 
 
 def test_a_crash_after_the_manifest_write_is_repaired(instance, resources, volume_dir):
-    from video_assets.defs.ingest.registration import register_new_files
-
     copy_samples(volume_dir, CLIPS)
     plan = register_new_files(resources["volume"], resources["tables"])  # manifest written, no partition
     result = tick(instance, resources)
     assert [r.partition_key for r in result.run_requests] == list(plan.batches)
+
+
+# Table accesses made through the resource, by any instance (resources are copied when bound).
+TABLE_CALLS: list[tuple[str, str]] = []
+
+
+class CountingTables(DeltaTables):
+    """The real Delta resource, recording every read (and log look-up) it is asked for."""
+
+    def read(self, name, schema=None, where=None):
+        TABLE_CALLS.append(("read", name))
+        return super().read(name, schema, where)
+
+    def batch(self, name, batch, schema=None):
+        TABLE_CALLS.append(("batch", name))
+        return super().batch(name, batch, schema)
+
+    def row_count(self, name):
+        TABLE_CALLS.append(("row_count", name))
+        return super().row_count(name)
+
+    def version(self, name):
+        TABLE_CALLS.append(("version", name))
+        return super().version(name)
+
+
+def counting(resources):
+    TABLE_CALLS.clear()
+    return {**resources, "tables": CountingTables(**resources["tables"].model_dump())}
+
+
+def test_an_unchanged_tick_reads_no_table(instance, resources, volume_dir):
+    copy_samples(volume_dir, CLIPS)
+    resources = counting(resources)
+    first = tick(instance, resources)
+    assert len(first.run_requests) == 1
+    assert ("read", "batch_manifest") in TABLE_CALLS  # a changed listing does read (the count works)
+    TABLE_CALLS.clear()
+    for _ in range(3):
+        assert isinstance(tick(instance, resources, cursor=first.cursor), SkipReason)
+    assert TABLE_CALLS == []
+
+
+def test_a_crash_after_the_manifest_write_is_repaired_despite_a_cursor(instance, resources, volume_dir):
+    copy_samples(volume_dir, CLIPS[:1])
+    first = tick(instance, resources)
+    copy_samples(volume_dir, CLIPS[1:])
+    # A tick that wrote the manifest and died: its cursor was never stored, the previous one stands.
+    plan = register_new_files(resources["volume"], resources["tables"])
+    repaired = tick(instance, resources, cursor=first.cursor)
+    assert [r.partition_key for r in repaired.run_requests] == list(plan.batches)
+    assert isinstance(tick(instance, resources, cursor=repaired.cursor), SkipReason)
+
+
+def test_a_partition_lost_after_its_tick_is_requested_again(instance, resources, volume_dir):
+    copy_samples(volume_dir, CLIPS)
+    first = tick(instance, resources)
+    [key] = [r.partition_key for r in first.run_requests]
+    instance.delete_dynamic_partition(video_batches.name, key)
+    # The listing is unchanged, but the cursor names a batch the instance no longer has.
+    again = tick(instance, resources, cursor=first.cursor)
+    assert [r.partition_key for r in again.run_requests] == [key]
+    assert instance.get_dynamic_partitions(video_batches.name) == [key]

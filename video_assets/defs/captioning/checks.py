@@ -1,32 +1,38 @@
 """Asset checks of the captions table."""
 
 import polars as pl
-from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, asset_check
 
 from resources.delta import DeltaTables
-from video_assets.core.tables import CAPTIONS, SCHEMAS
+from video_assets.core.tables import CAPTIONS
 from video_assets.core.vocabulary import CAPTION_OK
 from video_assets.defs.captioning.assets import captions
-from video_assets.defs.common import table_checks
+from video_assets.defs.common import check_scope, checked_batches, read_checked, table_checks
 
 
-@asset_check(asset=captions, description="Every ok caption has prose (an empty answer must be an error row).")
-def captions_ok_rows_have_prose(tables: DeltaTables) -> AssetCheckResult:
-    df = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])
+@asset_check(
+    asset=captions,
+    description="Every ok caption of the batch just captioned has prose (an empty answer must be an error row).",
+)
+def captions_ok_rows_have_prose(context: AssetCheckExecutionContext, tables: DeltaTables) -> AssetCheckResult:
+    batches = checked_batches(context, CAPTIONS, captions.key)
+    df = read_checked(tables, CAPTIONS, batches)
     empty = df.filter((pl.col("status") == CAPTION_OK) & (pl.col("prose").fill_null("").str.len_chars() == 0))
     return AssetCheckResult(
         passed=empty.is_empty(),
         severity=AssetCheckSeverity.ERROR,
-        metadata={"rows": df.height, "ok_rows_without_prose": empty.height},
+        metadata={**check_scope(batches), "rows": df.height, "ok_rows_without_prose": empty.height},
     )
 
 
 @asset_check(
     asset=captions,
-    description="Every captioned video has a row for each segment its plan had (ok or error): none is half written.",
+    description="Every video of the batch just captioned has a row for each segment its plan had (ok or error): "
+    "none is half written.",
 )
-def captions_videos_complete(tables: DeltaTables) -> AssetCheckResult:
-    df = tables.read(CAPTIONS, SCHEMAS[CAPTIONS])
+def captions_videos_complete(context: AssetCheckExecutionContext, tables: DeltaTables) -> AssetCheckResult:
+    batches = checked_batches(context, CAPTIONS, captions.key)
+    df = read_checked(tables, CAPTIONS, batches)
     if "segments" not in df.columns:  # a table from before planned counts were recorded
         df = df.with_columns(pl.lit(None, pl.Int32).alias("segments"))
     per_video = df.group_by("video_id", "model_version", "prompt_version").agg(
@@ -37,6 +43,7 @@ def captions_videos_complete(tables: DeltaTables) -> AssetCheckResult:
         passed=partial.is_empty(),
         severity=AssetCheckSeverity.ERROR,
         metadata={
+            **check_scope(batches),
             "videos": per_video.height,
             "incomplete_videos": partial.height,
             "examples": partial.head(5).select("video_id", "rows", "planned").to_dicts(),

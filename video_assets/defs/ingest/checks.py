@@ -1,12 +1,12 @@
-"""Asset checks of the ingest tables (whole table, not only the latest batch)."""
+"""Asset checks of the ingest tables, over the batch just materialised (their cost is a batch's)."""
 
 import polars as pl
-from dagster import AssetCheckResult, AssetCheckSeverity, Config, asset_check
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, Config, asset_check
 from pydantic import Field
 
 from resources.delta import DeltaTables
-from video_assets.core.tables import RAW_VIDEOS, SCHEMAS, VIDEO_METADATA
-from video_assets.defs.common import table_checks
+from video_assets.core.tables import RAW_VIDEOS, VIDEO_METADATA
+from video_assets.defs.common import check_scope, checked_batches, read_checked, table_checks
 from video_assets.defs.ingest.assets import video_metadata
 
 
@@ -16,16 +16,20 @@ class NotOkRatioConfig(Config):
 
 @asset_check(
     asset=video_metadata,
-    description="Share of files that are not usable videos (ok=false); warns above max_not_ok_ratio.",
+    description="Share of the batch's files that are not usable videos (ok=false); warns above max_not_ok_ratio.",
 )
-def video_metadata_not_ok_ratio(config: NotOkRatioConfig, tables: DeltaTables) -> AssetCheckResult:
-    df = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA])
+def video_metadata_not_ok_ratio(
+    context: AssetCheckExecutionContext, config: NotOkRatioConfig, tables: DeltaTables
+) -> AssetCheckResult:
+    batches = checked_batches(context, VIDEO_METADATA, video_metadata.key)
+    df = read_checked(tables, VIDEO_METADATA, batches)
     bad = df.filter(~pl.col("ok"))
     ratio = bad.height / df.height if df.height else 0.0
     return AssetCheckResult(
         passed=ratio <= config.max_not_ok_ratio,
         severity=AssetCheckSeverity.WARN,
         metadata={
+            **check_scope(batches),
             "not_ok_ratio": ratio,
             "threshold": config.max_not_ok_ratio,
             "not_ok_files": bad.get_column("uri").head(20).to_list(),

@@ -1,5 +1,7 @@
 """The upload sensor: new files in the volume become a new batch partition and a run for it."""
 
+import json
+
 from dagster import (
     DefaultSensorStatus,
     RunRequest,
@@ -24,23 +26,48 @@ from video_assets.defs.partitions import video_batches
 SENSOR_INTERVAL_S = 30
 
 
+def encode_cursor(digest: str | None, batches: list[str]) -> str:
+    """The cursor: the digest of the listing the tick finished (None: unfinished) and the batches it
+    requested, so the next tick can tell an unchanged volume from one needing work or repair."""
+    return json.dumps({"digest": digest, "batches": sorted(batches)})
+
+
+def decode_cursor(cursor: str | None) -> tuple[str | None, list[str] | None]:
+    """(digest, batches); batches None when unknown (no cursor, or one from before batches were kept)."""
+    try:
+        state = json.loads(cursor or "")
+        return state["digest"], list(state["batches"])
+    except (ValueError, TypeError, KeyError):
+        return None, None
+
+
 @sensor(
     job=batch_pipeline_job,
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=DefaultSensorStatus.RUNNING,
     description="Lists the video volume; unseen files are hashed, grouped into batches of at most "
-    "batch_size, added as video_batches partitions and run. Cursor: a digest of the last listing.",
+    "batch_size, added as video_batches partitions and run. Cursor: a digest of the last listing and the "
+    "batches it requested; an unchanged listing reads no table.",
 )
 def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables: DeltaTables):
     listing = volume.listing()
     files = listing.files
     # Refused entries are part of the digest, so a new link is reported on the next tick.
     digest = registry.listing_digest(files, listing.refused)
+    last_digest, last_batches = decode_cursor(context.cursor)
+    if last_digest == digest and last_batches is not None:
+        # Unchanged volume: no table is read, so an idle tick costs one listing however large the
+        # archive. A tick that died after writing the manifest never stored its cursor, so the listing
+        # looks changed to the next one, which reads the manifest and repairs; a cursor is stored only
+        # after its batches became partitions, so one that is missing now (deleted) is the only repair
+        # left to look for here, and the instance answers that.
+        if all(context.instance.has_dynamic_partition(video_batches.name, k) for k in last_batches):
+            return SkipReason(f"no change in {volume.uri} ({len(files)} files)")
     known_partitions = set(context.instance.get_dynamic_partitions(video_batches.name))
     # Batches written to the manifest by a tick that died before adding them: repair first.
     manifest = read_manifest(tables)
     orphaned = [k for k in manifest_batch_keys(manifest) if k not in known_partitions]
-    if context.cursor == digest and not orphaned:
+    if last_digest == digest and not orphaned:
         return SkipReason(f"no change in {volume.uri} ({len(files)} files)")
 
     plan = register_new_files(volume, tables, files, manifest=manifest)
@@ -52,8 +79,8 @@ def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables:
             f"{registry.printable(dup.uri)}: same bytes as {registry.printable(dup.duplicate_of)}; not registered again"
         )
     new_keys = sorted(set(plan.batches) | set(orphaned))
-    # An unfinished listing keeps the old cursor so the next tick carries on.
-    next_cursor = digest if plan.remaining == 0 else context.cursor
+    # An unfinished listing stores no digest, so the next tick lists again and carries on.
+    next_cursor = encode_cursor(digest if plan.remaining == 0 else None, new_keys)
     # What this tick wrote to batch_manifest is reported as its materialisation (lineage in the UI).
     events = [e for e in [plan.manifest_event(tables), refused_event(refused)] if e is not None]
     if not new_keys:

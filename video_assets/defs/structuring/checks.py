@@ -1,11 +1,11 @@
 """Asset checks of the structured_events table."""
 
 import polars as pl
-from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, asset_check
 
 from resources.delta import DeltaTables
-from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, STRUCTURED_EVENTS
-from video_assets.defs.common import table_checks
+from video_assets.core.tables import CAPTIONS, KEYS, STRUCTURED_EVENTS
+from video_assets.defs.common import check_scope, checked_batches, read_checked, table_checks
 from video_assets.defs.structuring.assets import structured_events
 
 
@@ -24,17 +24,20 @@ def missing_structured_rows(caps: pl.DataFrame, events: pl.DataFrame) -> pl.Data
 
 @asset_check(
     asset=structured_events,
-    description="Every caption has a structured row (parsed, retried, "
-    "unparsed or no_caption) for every use case its batch was structured for: nothing missing.",
+    description="Every caption of the batch just structured has a structured row (parsed, retried, "
+    "unparsed or no_caption) for every use case the batch was structured for: nothing missing.",
 )
-def structured_events_cover_captions(tables: DeltaTables) -> AssetCheckResult:
-    events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS])
-    missing = missing_structured_rows(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), events)
+def structured_events_cover_captions(context: AssetCheckExecutionContext, tables: DeltaTables) -> AssetCheckResult:
+    batches = checked_batches(context, STRUCTURED_EVENTS, structured_events.key)
+    events = read_checked(tables, STRUCTURED_EVENTS, batches)
+    # Expected rows are per batch (missing_structured_rows joins on batch_key): the batch's captions suffice.
+    missing = missing_structured_rows(read_checked(tables, CAPTIONS, batches), events)
     statuses = dict(events.group_by("status").len().sort("status").iter_rows())
     return AssetCheckResult(
         passed=missing.is_empty(),
         severity=AssetCheckSeverity.ERROR,
         metadata={
+            **check_scope(batches),
             "rows": events.height,
             "missing_rows": missing.height,
             "status_counts": statuses,
