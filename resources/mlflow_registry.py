@@ -24,7 +24,7 @@ from pathlib import Path
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
-from video_assets.core.inference.model_cache import download_once
+from video_assets.core.inference.model_cache import ModelFiles, download_once
 
 PREFLIGHT_TIMEOUT_S = 5.0
 
@@ -303,9 +303,15 @@ class MlflowRegistry(ConfigurableResource):
 
     def download_model(self, name: str, alias: str, dest: Path) -> tuple[Path, str]:
         """Download ``models:/name@alias`` to ``dest`` (cached per version); returns the model folder and version."""
+        files, version = self.model_files(name, alias, dest, node_cache_dir="")
+        return Path(files.path), version
+
+    def model_files(self, name: str, alias: str, dest: Path, node_cache_dir: str) -> tuple[ModelFiles, str]:
+        """``download_model`` plus what another node needs to fetch the same version into its
+        ``node_cache_dir``: one alias lookup, so the folder and the artifact URI are one version."""
         version = self.resolve_alias(name, alias)
-        target = Path(dest) / f"{name}-v{version.version}"
-        return download_once(version.source, target, self.tracking_uri), str(version.version)
+        path = download_once(version.source, Path(dest) / f"{name}-v{version.version}", self.tracking_uri)
+        return ModelFiles(str(path), version.source, node_cache_dir, self.tracking_uri), str(version.version)
 
     def artifact_uri(self, name: str, alias: str) -> str:
         """Where the version behind ``alias`` is stored: what a Ray actor on another node downloads."""

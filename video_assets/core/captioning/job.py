@@ -308,16 +308,11 @@ CARRIED_COLUMNS = (
     "preview",
 )
 
+# decode_node and engine_node (the Ray nodes of the two stages) and preview (a JPEG strip of segment
+# 0's frames, b"" on the others) go to the metadata, not the table.
 RESULT_COLUMNS = [
-    "video_id",
-    "batch_key",
-    "uri",
-    "segment",
-    "segments",
-    "segment_start_s",
-    "segment_end_s",
+    *CARRIED_COLUMNS,
     "frame_timestamps",
-    "decode_s",
     "engine_s",
     "prose",
     "input_tokens",
@@ -325,9 +320,7 @@ RESULT_COLUMNS = [
     "latency_s",
     "status",
     "error",
-    "decode_node",  # Ray node ids of the two stages: not table columns, reported in the metadata
     "engine_node",
-    "preview",  # JPEG strip of segment 0's frames (b"" on other segments): metadata, not a table column
 ]
 
 

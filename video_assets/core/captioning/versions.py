@@ -28,16 +28,25 @@ def _with_completeness_columns(df: pl.DataFrame) -> pl.DataFrame:
     return df
 
 
+def segment_counts(captions_df: pl.DataFrame, by: tuple[str, ...] = ("video_id",)) -> pl.DataFrame:
+    """Per ``by`` group (a video, or a video under each model and prompt): distinct segment ``rows``,
+    ``ok_segments``, ``planned`` segments and the ``split``."""
+    return (
+        _with_completeness_columns(captions_df)
+        .group_by(*by)
+        .agg(
+            pl.col("segment").n_unique().alias("rows"),
+            (pl.col("status") == CAPTION_OK).sum().alias("ok_segments"),
+            pl.col("segments").max().alias("planned"),
+            pl.col("split").first().alias("split"),
+        )
+    )
+
+
 def video_completeness(captions_df: pl.DataFrame, model_version: str, prompt_version: int) -> pl.DataFrame:
     """One row per video this pair has rows for: ``ok_segments``, ``planned`` and ``complete`` (every
     planned segment present and ok; a video with any error row is not complete)."""
-    df = _with_completeness_columns(captions_df).filter(caption_versions(model_version, prompt_version))
-    per_video = df.group_by("video_id").agg(
-        pl.col("segment").n_unique().alias("rows"),
-        (pl.col("status") == CAPTION_OK).sum().alias("ok_segments"),
-        pl.col("segments").max().alias("planned"),
-        pl.col("split").first().alias("split"),
-    )
+    per_video = segment_counts(captions_df.filter(caption_versions(model_version, prompt_version)))
     return per_video.with_columns(
         complete=(pl.col("ok_segments") == pl.col("rows"))
         & (pl.col("planned").is_null() | (pl.col("rows") == pl.col("planned")))

@@ -4,6 +4,7 @@ import polars as pl
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, asset_check
 
 from resources.delta import DeltaTables
+from video_assets.core.captioning.versions import segment_counts
 from video_assets.core.tables import CAPTIONS
 from video_assets.core.vocabulary import CAPTION_OK
 from video_assets.defs.captioning.assets import captions
@@ -33,11 +34,7 @@ def captions_ok_rows_have_prose(context: AssetCheckExecutionContext, tables: Del
 def captions_videos_complete(context: AssetCheckExecutionContext, tables: DeltaTables) -> AssetCheckResult:
     batches = checked_batches(context, CAPTIONS, captions.key)
     df = read_checked(tables, CAPTIONS, batches)
-    if "segments" not in df.columns:  # a table from before planned counts were recorded
-        df = df.with_columns(pl.lit(None, pl.Int32).alias("segments"))
-    per_video = df.group_by("video_id", "model_version", "prompt_version").agg(
-        pl.col("segment").n_unique().alias("rows"), pl.col("segments").max().alias("planned")
-    )
+    per_video = segment_counts(df, by=("video_id", "model_version", "prompt_version"))
     partial = per_video.filter(pl.col("planned").is_not_null() & (pl.col("rows") != pl.col("planned")))
     return AssetCheckResult(
         passed=partial.is_empty(),

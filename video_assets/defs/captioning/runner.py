@@ -50,9 +50,7 @@ def actor_gpus(vlm: VlmSettings, engine: str) -> float:
 def registered_model_files(registry: MlflowRegistry, vlm: VlmSettings, alias: str) -> tuple[ModelFiles, str]:
     """The version behind ``alias`` downloaded for this step, with what other nodes need to fetch it
     themselves; and the version."""
-    path, version = registry.download_model(vlm.registered_model, alias, Path(vlm.cache_dir) / "registry")
-    uri = registry.artifact_uri(vlm.registered_model, alias)
-    return ModelFiles(str(path), uri, vlm.cache_dir, registry.tracking_uri), version
+    return registry.model_files(vlm.registered_model, alias, Path(vlm.cache_dir) / "registry", vlm.cache_dir)
 
 
 def job_spec(
