@@ -30,7 +30,9 @@ $(BIN)/.installed: pyproject.toml requirements.lock
 
 # Re-resolve requirements.lock from pyproject.toml with pip-compile (pip-tools), keeping the current pins
 # where they still fit; `make lock LOCK_ARGS=--upgrade` moves every pin to the newest allowed release.
-# pip, not uv: pip reads this machine's pip config (local torch wheels, torch/torchvision caps).
+# pip, not uv: pip reads this machine's pip config (local torch wheels, torch/torchvision caps). The
+# extras name the project itself (`cpu` includes `archive`): pip-compile then pins the project by its local
+# path, which the lock must not carry.
 lock:
 	test -x $(LOCK_VENV)/bin/pip-compile || { $(PYTHON) -m venv $(LOCK_VENV) \
 	  && $(LOCK_VENV)/bin/pip install --quiet 'pip==$(PIP_VERSION)' 'pip-tools==$(PIP_TOOLS_VERSION)'; }
@@ -42,7 +44,7 @@ lock:
 	  echo '##   pip-compile $(LOCK_FLAGS) pyproject.toml'; \
 	  echo '## Do not edit by hand.'; \
 	  echo '## `make install` installs exactly this, then the project with no index.'; \
-	  cat requirements.lock.tmp; } > requirements.lock
+	  sed '/^video-assets @ /,+1d' requirements.lock.tmp; } > requirements.lock
 	rm -f requirements.lock.tmp
 
 install: $(BIN)/.installed
