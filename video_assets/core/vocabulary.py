@@ -21,6 +21,21 @@ PARSED, RETRIED, UNPARSED, NO_CAPTION = "parsed", "retried", "unparsed", "no_cap
 STRUCTURE_STATUSES = (PARSED, RETRIED, UNPARSED, NO_CAPTION)
 ANSWERED = (PARSED, RETRIED)
 
+# transcripts.status: one name per outcome of a video's audio, with what it means (table docs read the meanings).
+# Only TRANSCRIPT_SPEECH rows carry text; the others are the single row their video gets, segment = -1.
+TRANSCRIPT_SPEECH, TRANSCRIPT_NO_AUDIO, TRANSCRIPT_NO_SPEECH, TRANSCRIPT_ERROR = (
+    "speech",
+    "no_audio",
+    "no_speech",
+    "error",
+)
+TRANSCRIPT_STATUSES: dict[str, str] = {
+    TRANSCRIPT_SPEECH: "one transcribed speech segment, with its words and their times",
+    TRANSCRIPT_NO_AUDIO: "the container has no audio stream",
+    TRANSCRIPT_NO_SPEECH: "audio decoded, but no speech survived voice detection and the hallucination guard",
+    TRANSCRIPT_ERROR: "the audio could not be opened or decoded; the reason is in error",
+}
+
 # Where a structured row is routed.
 ALERTS, REVIEW_QUEUE = "alerts", "review_queue"
 
