@@ -41,6 +41,9 @@ CHUNK = 8 << 20  # bytes per copy step: a 145 MB join never sits in memory whole
 # silence (no_speech_prob) AND whose text it is unsure of (avg_logprob) is dropped.
 NO_SPEECH_THRESHOLD = 0.6
 LOGPROB_THRESHOLD = -1.0
+# Whisper re-decodes text this repetitive (a zlib ratio above 2.4: "5.5.5.5…" loops on music) at a higher
+# temperature; decoding here is greedy, one pass, so such a segment is dropped instead.
+COMPRESSION_RATIO_THRESHOLD = 2.4
 NO_SEGMENT = -1  # the `segment` of a video's single no_audio / no_speech / error row
 
 
@@ -155,8 +158,9 @@ def _s(seconds) -> float:
     return round(float(seconds), 3)
 
 
-def is_hallucination(no_speech_prob: float, avg_logprob: float) -> bool:
-    return no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOGPROB_THRESHOLD
+def is_hallucination(no_speech_prob: float, avg_logprob: float, compression_ratio: float = 0.0) -> bool:
+    silent = no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOGPROB_THRESHOLD
+    return silent or compression_ratio > COMPRESSION_RATIO_THRESHOLD
 
 
 class Transcriber:
@@ -209,7 +213,7 @@ class Transcriber:
         dropped = 0
         offset = track.start_s
         for seg in segments:  # a generator: the decoding happens while it is consumed
-            if is_hallucination(seg.no_speech_prob, seg.avg_logprob):
+            if is_hallucination(seg.no_speech_prob, seg.avg_logprob, seg.compression_ratio):
                 dropped += 1
                 continue
             text = seg.text.strip()
