@@ -162,8 +162,12 @@ class ClipEncoder:
         self.model = AutoModel.from_pretrained(self.model_dir, local_files_only=True).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
         self.image_processor = AutoImageProcessor.from_pretrained(self.model_dir, local_files_only=True)
+        cfg = self.model.config
+        # CLIP projects both towers to projection_dim; SigLIP's text head to projection_size (hidden_size before).
         self.dim = int(
-            self.model.config.projection_dim if self.model_type == "clip" else self.model.config.text_config.hidden_size
+            getattr(cfg, "projection_dim", None)
+            or getattr(cfg.text_config, "projection_size", None)
+            or cfg.text_config.hidden_size
         )
         self.max_length = int(self.model.config.text_config.max_position_embeddings)
 
