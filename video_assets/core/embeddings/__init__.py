@@ -1,0 +1,1 @@
+"""Pure embedding, OCR and similarity helpers for the searchable archive (no Dagster imports)."""
