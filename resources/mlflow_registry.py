@@ -193,8 +193,11 @@ class MlflowRegistry(ConfigurableResource):
         experiment: str = "vlm-models",
         tags: dict[str, str] | None = None,
         set_alias: bool = True,
+        flavor: str = "transformers",
     ) -> RegisteredModel:
-        """Log ``folder`` (a saved model + processor) in path form and register it; idempotent on ``fingerprint``."""
+        """Log ``folder`` (a saved model + processor) in path form and register it; idempotent on ``fingerprint``.
+        ``flavor="files"`` logs the folder as it is (models that are not transformers pipelines: a
+        CTranslate2 Whisper, a torch checkpoint); it downloads back byte for byte."""
         client = self.client()
         existing = self.find_version(name, "source_fingerprint", fingerprint)
         if existing is not None:
@@ -210,9 +213,12 @@ class MlflowRegistry(ConfigurableResource):
             tempfile.TemporaryDirectory() as tmp,
             _pipeline_classes_resolved(),
         ):
-            # Path form: MLflow copies the folder; the dict form fails for multimodal processors.
-            mlflow.transformers.save_model(transformers_model=str(folder), path=f"{tmp}/model", task=task)
-            client.log_artifacts(run.info.run_id, f"{tmp}/model", "model")
+            if flavor == "files":
+                client.log_artifacts(run.info.run_id, str(folder), "model")
+            else:
+                # Path form: MLflow copies the folder; the dict form fails for multimodal processors.
+                mlflow.transformers.save_model(transformers_model=str(folder), path=f"{tmp}/model", task=task)
+                client.log_artifacts(run.info.run_id, f"{tmp}/model", "model")
             source_uri = f"{run.info.artifact_uri.rstrip('/')}/model"
         version = client.create_model_version(
             name,

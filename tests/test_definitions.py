@@ -84,6 +84,13 @@ def test_engine_steps_share_one_pool_limited_by_the_instance(instance):
 
     graph = defs.resolve_asset_graph()
     pooled = {k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).pools == {ACCELERATOR_POOL}}
-    assert pooled == {"captions", "structured_events", "promotion_decisions"}
+    assert pooled == {
+        "captions",
+        "structured_events",
+        "promotion_decisions",
+        "transcripts",
+        "frame_embeddings",
+        "text_embeddings",
+    }
     # The checked-in instance config (the fixture's) caps the pool at one step at a time.
     assert instance.get_concurrency_config().pool_config.default_pool_limit == 1

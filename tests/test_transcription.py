@@ -8,8 +8,6 @@ import csv
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import av
@@ -17,6 +15,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import BUNDLED, SAMPLES, SHARED_SAMPLES, copy_samples
+from tests.fixtures.speech import RATE, mux_clip
+from tests.fixtures.speech import speech_clip as speech_clip_at
 from video_assets.core.transcription.audio import TranscriptionError, decode_audio
 from video_assets.core.transcription.whisper import (
     MODEL_BIN,
@@ -41,7 +41,6 @@ SENTENCES = [
 ]
 LEAD_S = 2.0  # silence before the speech starts
 TAIL_S = 1.0
-RATE = 16000
 # Measured: WER 0.053 (1 of 19 words: "dumps" for "jumps"); the bound leaves room for other CPUs' int8 kernels.
 MAX_WER = 0.25
 # Whisper's alignment stretches the first word back over the silence before it (measured: "The" at 1.65 s for
@@ -92,37 +91,6 @@ def test_wer_helper():
     assert wer("a b".split(), "a b c d".split()) == 1.0  # two insertions
 
 
-def background_frames(count: int, size=(160, 120)) -> list[np.ndarray]:
-    """``count`` RGB frames cycled from a bundled sample's video, scaled down (the encode is not under test)."""
-    frames = []
-    with av.open(str(BUNDLED / "realshort.mp4")) as src:
-        for frame in src.decode(video=0):
-            frames.append(frame.reformat(width=size[0], height=size[1], format="rgb24").to_ndarray())
-    return [frames[i % len(frames)] for i in range(count)]
-
-
-def mux_clip(path: Path, audio: np.ndarray | None, seconds: float, fps: int = 10) -> Path:
-    """An MP4 of H.264 video (frames of a bundled sample) and, when given, AAC mono 16 kHz ``audio``."""
-    with av.open(str(path), "w") as out:
-        video = out.add_stream("libx264", rate=fps, options={"preset": "ultrafast"})
-        video.width, video.height, video.pix_fmt = 160, 120, "yuv420p"
-        sound = out.add_stream("aac", rate=RATE, layout="mono") if audio is not None else None
-        for rgb in background_frames(int(seconds * fps)):
-            for packet in video.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
-                out.mux(packet)
-        for packet in video.encode():
-            out.mux(packet)
-        if sound is not None:
-            for k in range(0, len(audio), 1024):
-                chunk = av.AudioFrame.from_ndarray(audio[None, k : k + 1024], format="fltp", layout="mono")
-                chunk.sample_rate, chunk.pts = RATE, k
-                for packet in sound.encode(chunk):
-                    out.mux(packet)
-            for packet in sound.encode():
-                out.mux(packet)
-    return path
-
-
 def audio_packets(path: Path) -> list[tuple[int, int]]:
     """(byte offset, size) of every audio packet in ``path``."""
     with av.open(str(path)) as c:
@@ -151,18 +119,7 @@ def transcriber(whisper_dir) -> Transcriber:
 @pytest.fixture(scope="module")
 def speech_clip(tmp_path_factory) -> Path:
     """SENTENCES spoken by espeak-ng, after LEAD_S of silence, muxed with video into an MP4 (H.264 + AAC)."""
-    espeak = shutil.which("espeak-ng")
-    if espeak is None:
-        message = "espeak-ng is not installed (apt-get install espeak-ng)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI images must have it: a skip there would hide the only speech test
-        pytest.skip(message)
-    folder = tmp_path_factory.mktemp("speech")
-    wav = folder / "speech.wav"
-    subprocess.run([espeak, "-v", "en-us", "-s", "150", "-w", str(wav), " ".join(SENTENCES)], check=True)
-    spoken = decode_audio(str(wav)).samples  # PyAV resamples espeak's 22.05 kHz to 16 kHz
-    audio = np.concatenate([np.zeros(int(LEAD_S * RATE), np.float32), spoken, np.zeros(int(TAIL_S * RATE), np.float32)])
-    return mux_clip(folder / "speech.mp4", audio, seconds=len(audio) / RATE)
+    return speech_clip_at(tmp_path_factory.mktemp("speech") / "speech.mp4", SENTENCES, LEAD_S, TAIL_S)
 
 
 def test_packaged_whisper_is_assembled_once(whisper_dir, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dagster import Definitions
 from dagster_ray.configs import Lifecycle
 
+from resources.archive import FRAMES, PACKAGED, SPEECH, TEXT, ArchiveSettings
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
@@ -21,9 +22,31 @@ from resources.settings import (
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from resources.volume import VideoVolume
-from video_assets.defs import captioning, evaluation, ingest, maintenance, models, promotion, routing, structuring
+from video_assets.defs import (
+    captioning,
+    embeddings,
+    evaluation,
+    ingest,
+    maintenance,
+    models,
+    promotion,
+    routing,
+    structuring,
+    transcripts,
+)
 
-STAGES = (ingest, models, captioning, structuring, routing, evaluation, promotion, maintenance)
+STAGES = (
+    ingest,
+    models,
+    captioning,
+    structuring,
+    routing,
+    evaluation,
+    promotion,
+    transcripts,
+    embeddings,
+    maintenance,
+)
 
 
 def build_resources() -> dict:
@@ -39,6 +62,13 @@ def build_resources() -> dict:
         "vlm": VlmSettings(
             model_source=env_or("VLM_MODEL_SOURCE", TINY_MODEL_SOURCE),
             engine=env_or("VLM_ENGINE", "auto"),
+            cache_dir=env_or("VLM_CACHE_DIR", default_models_dir()),
+        ),
+        "archive": ArchiveSettings(
+            speech_model_source=env_or("SPEECH_MODEL_SOURCE", PACKAGED[SPEECH]),
+            frame_encoder_source=env_or("FRAME_ENCODER_SOURCE", PACKAGED[FRAMES]),
+            text_encoder_source=env_or("TEXT_ENCODER_SOURCE", PACKAGED[TEXT]),
+            device=env_or("ARCHIVE_DEVICE", "auto"),
             cache_dir=env_or("VLM_CACHE_DIR", default_models_dir()),
         ),
         "structurer": StructurerSettings(

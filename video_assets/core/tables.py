@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from video_assets.core.vocabulary import CAPTION_STATUSES, STRUCTURE_STATUSES, VERDICTS, doc
+from video_assets.core.vocabulary import (
+    CAPTION_STATUSES,
+    EMBEDDING_SOURCES,
+    EMBEDDING_STATUSES,
+    STRUCTURE_STATUSES,
+    TRANSCRIPT_STATUSES,
+    VERDICTS,
+    doc,
+)
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -18,6 +26,9 @@ ALERTS = "alerts"
 REVIEW_QUEUE = "review_queue"
 EVAL_SCORES = "eval_scores"
 PROMOTIONS = "promotion_decisions"
+TRANSCRIPTS = "transcripts"
+FRAME_EMBEDDINGS = "frame_embeddings"
+TEXT_EMBEDDINGS = "text_embeddings"
 
 # The scores every evaluation reports as columns (all of them are in the metrics JSON too).
 HEADLINE_METRICS = {
@@ -252,11 +263,84 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
 }
 
+# Vectors: Delta has no fixed-size array type, so a vector is list<float32> with its length in ``dim``
+# (the tables' checks hold every row to it); polars reads it back as ``pl.Array`` with a cast.
+_VECTOR = pa.list_(pa.float32())
+_WORD = pa.struct(
+    [("start_s", pa.float64()), ("end_s", pa.float64()), ("word", pa.string()), ("probability", pa.float64())]
+)
+_VIDEO = [
+    pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes"}),
+    pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
+    pa.field("uri", pa.string(), nullable=False, metadata={"doc": "the video"}),
+]
+SCHEMAS[TRANSCRIPTS] = pa.schema(
+    _VIDEO
+    + [
+        pa.field(
+            "segment",
+            pa.int32(),
+            nullable=False,
+            metadata={"doc": "speech segment index; -1 on the one row of a video without speech"},
+        ),
+        pa.field("start_s", pa.float64(), metadata={"doc": "segment start in the video, seconds"}),
+        pa.field("end_s", pa.float64(), metadata={"doc": "segment end in the video, seconds"}),
+        pa.field("text", pa.string(), metadata={"doc": "what was said; empty unless status is speech"}),
+        pa.field("words", pa.list_(_WORD), metadata={"doc": "words with their times and probabilities"}),
+        pa.field("language", pa.string(), metadata={"doc": "detected (or configured) language"}),
+        pa.field("language_probability", pa.float64(), metadata={"doc": "confidence of the language detection"}),
+        pa.field("no_speech_prob", pa.float64(), metadata={"doc": "Whisper's no-speech probability"}),
+        pa.field("avg_logprob", pa.float64(), metadata={"doc": "mean token log-probability"}),
+        pa.field("status", pa.string(), nullable=False, metadata={"doc": doc(TRANSCRIPT_STATUSES)}),
+        pa.field("error", pa.string(), metadata={"doc": "why status is error"}),
+        pa.field("model_name", pa.string(), nullable=False, metadata={"doc": "MLflow registered model"}),
+        pa.field("model_version", pa.string(), nullable=False, metadata={"doc": "MLflow model version"}),
+        pa.field("transcribed_at", _TS, nullable=False, metadata={"doc": "when written"}),
+    ]
+)
+SCHEMAS[FRAME_EMBEDDINGS] = pa.schema(
+    _VIDEO
+    + [
+        pa.field("segment", pa.int32(), nullable=False, metadata={"doc": "caption segment the frame belongs to"}),
+        pa.field("frame", pa.int32(), nullable=False, metadata={"doc": "frame index within the segment"}),
+        pa.field("timestamp_s", pa.float64(), metadata={"doc": "frame time in the video (the caption's frame)"}),
+        pa.field("status", pa.string(), nullable=False, metadata={"doc": doc(EMBEDDING_STATUSES)}),
+        pa.field("error", pa.string(), metadata={"doc": "why status is error"}),
+        pa.field("encoder", pa.string(), nullable=False, metadata={"doc": "MLflow registered model"}),
+        pa.field("encoder_version", pa.string(), nullable=False, metadata={"doc": "MLflow model version"}),
+        pa.field("dim", pa.int32(), metadata={"doc": "vector length"}),
+        pa.field("embedding", _VECTOR, metadata={"doc": "L2-normalised image vector"}),
+        pa.field("ocr_text", pa.string(), metadata={"doc": "on-screen text (null unless frame OCR is on)"}),
+        pa.field("embedded_at", _TS, nullable=False, metadata={"doc": "when written"}),
+    ]
+)
+SCHEMAS[TEXT_EMBEDDINGS] = pa.schema(
+    _VIDEO
+    + [
+        pa.field("source", pa.string(), nullable=False, metadata={"doc": doc(EMBEDDING_SOURCES)}),
+        pa.field("segment", pa.int32(), nullable=False, metadata={"doc": "the source row's segment"}),
+        pa.field(
+            "source_version",
+            pa.string(),
+            nullable=False,
+            metadata={"doc": "versions of the source row (transcript: model; caption: model and prompt)"},
+        ),
+        pa.field("start_s", pa.float64(), metadata={"doc": "time range of the text in the video, start"}),
+        pa.field("end_s", pa.float64(), metadata={"doc": "time range of the text in the video, end"}),
+        pa.field("text", pa.string(), nullable=False, metadata={"doc": "the text embedded"}),
+        pa.field("encoder", pa.string(), nullable=False, metadata={"doc": "MLflow registered model"}),
+        pa.field("encoder_version", pa.string(), nullable=False, metadata={"doc": "MLflow model version"}),
+        pa.field("dim", pa.int32(), nullable=False, metadata={"doc": "vector length"}),
+        pa.field("embedding", _VECTOR, nullable=False, metadata={"doc": "L2-normalised text vector"}),
+        pa.field("embedded_at", _TS, nullable=False, metadata={"doc": "when written"}),
+    ]
+)
+
 _STRUCT_KEY_NAMES = [f.name for f in _STRUCT_KEY]
 
 # Tables whose rows belong to the upload batch of their video, and every video to one batch (raw_videos
 # assigns it): their merges and reads can be pruned to the batch without changing what they match.
-BATCH_SCOPED = frozenset({VIDEO_METADATA, CAPTIONS, STRUCTURED_EVENTS})
+BATCH_SCOPED = frozenset({VIDEO_METADATA, CAPTIONS, STRUCTURED_EVENTS, TRANSCRIPTS, FRAME_EMBEDDINGS, TEXT_EMBEDDINGS})
 
 KEYS: dict[str, list[str]] = {
     BATCH_MANIFEST: ["uri", "size_bytes", "mtime"],
@@ -269,6 +353,9 @@ KEYS: dict[str, list[str]] = {
     REVIEW_QUEUE: _STRUCT_KEY_NAMES,
     EVAL_SCORES: ["eval_id"],
     PROMOTIONS: ["decision_id"],
+    TRANSCRIPTS: ["video_id", "segment", "model_version"],
+    FRAME_EMBEDDINGS: ["video_id", "segment", "frame", "encoder_version"],
+    TEXT_EMBEDDINGS: ["video_id", "source", "segment", "source_version", "encoder_version"],
 }
 
 

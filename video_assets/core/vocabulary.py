@@ -36,6 +36,12 @@ TRANSCRIPT_STATUSES: dict[str, str] = {
     TRANSCRIPT_ERROR: "the audio could not be opened or decoded; the reason is in error",
 }
 
+# frame_embeddings.status; text_embeddings.source.
+EMBEDDED, EMBED_ERROR = "ok", "error"
+EMBEDDING_STATUSES = (EMBEDDED, EMBED_ERROR)
+SOURCE_TRANSCRIPT, SOURCE_CAPTION = "transcript", "caption"
+EMBEDDING_SOURCES = (SOURCE_TRANSCRIPT, SOURCE_CAPTION)
+
 # Where a structured row is routed.
 ALERTS, REVIEW_QUEUE = "alerts", "review_queue"
 

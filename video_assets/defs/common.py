@@ -49,6 +49,8 @@ STAGE_SOURCES: dict[str, tuple[str, ...]] = {
     "routing": ("defs/routing", "core/routing.py"),
     "evaluation": ("defs/evaluation", "core/evaluation", "core/charts.py"),
     "promotion": ("defs/promotion", "core/evaluation/gate.py"),
+    "transcripts": ("defs/transcripts", "core/transcription", "core/inference/stages.py"),
+    "embeddings": ("defs/embeddings", "core/embeddings", "core/inference/stages.py", "core/media/sampling.py"),
 }
 
 

@@ -613,3 +613,31 @@ def sample_video(
         seconds=round(time.perf_counter() - began, 4),
     )
     return SampledVideo(info.duration_s, int(convert.rotation or 0), segments, stats)
+
+
+def sample_times(
+    source: str | Path, times: list[float], cfg: SamplingConfig = SamplingConfig(), rotation: int | None = None
+) -> tuple[list[float], np.ndarray]:
+    """The frames at ``times``, which are frame times this module returned before (e.g. the frames a
+    caption saw), decoded again with the same plan rules (seek to the keyframe before, skip what no
+    target needs) and the same size and rotation: later stages see exactly what the VLM saw. Returns
+    the times of the frames found and the frames; a time past the end of the stream is left out."""
+    if not times:
+        return [], np.zeros((0, 1, 1, 3), np.uint8)
+    stats = dict(frames_decoded=0, motion_frames_decoded=0, cut_frames_decoded=0, seeks=0, late_seeks=0)
+    stats.update(decode_errors=0, motion=None, regated=False)
+    targets = sorted(set(float(t) for t in times))
+    with open_container(str(source), SamplingError) as container:
+        if not container.streams.video:
+            raise SamplingError("no video stream")
+        stream = _open_stream(container, cfg)
+        try:
+            info = _stream_info(container, stream, None)
+            convert = _Converter(cfg, rotation)
+            # A stored time is a frame's own time: aiming a hair before it takes that very frame.
+            picks = _collect(container, stream, info, [t - SNAP_EPS_S for t in targets], convert, stats, 0, skip=True)
+        except av.error.FFmpegError as exc:
+            raise SamplingError(f"decoding failed: {_readable(exc)}") from exc
+    if not picks:
+        raise SamplingError("no decodable video frame at the requested times")
+    return [t for t, _, _ in picks], np.stack([rgb for _, rgb, _ in picks])

@@ -5,6 +5,7 @@ from pathlib import Path
 from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
+from resources.archive import FRAMES, SPEECH, TEXT, ArchiveSettings
 from resources.mlflow_registry import MlflowRegistry, RegistryError, is_not_found
 from resources.vlm import VlmSettings
 from video_assets.defs.common import TRANSIENT_RETRY, stage_asset
@@ -134,3 +135,74 @@ def production_versions(vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> tu
             allow_retries=False,
         ) from exc
     return str(model.version), int(prompt.version)
+
+
+ARCHIVE_MODEL_ASSETS = {SPEECH: "speech_model", FRAMES: "frame_encoder", TEXT: "text_encoder"}
+
+
+def _archive_model_asset(kind: str, what: str):
+    """The registration asset of one archive model (speech, frame or text encoder)."""
+
+    # Idempotent like vlm_model. No challenger gate: an encoder has no golden set to be scored on, so a
+    # new version goes straight behind the alias, and the archive assets re-embed exactly the rows it made.
+    @asset(
+        name=ARCHIVE_MODEL_ASSETS[kind],
+        **stage_asset("models", kinds=("mlflow",)),
+        retry_policy=TRANSIENT_RETRY,
+        description=f"The {what} registered in MLflow (files as they are); a new source or content is a new "
+        "version behind the alias, the same content is not.",
+    )
+    def _register(context: AssetExecutionContext, archive: ArchiveSettings, mlflow_registry: MlflowRegistry):
+        try:
+            folder, fingerprint = archive.materialize_source(kind)
+        except (ValueError, FileNotFoundError, RuntimeError, ImportError) as exc:
+            raise Failure(str(exc), allow_retries=False) from exc
+        name = archive.registered_model(kind)
+        registered = mlflow_registry.register_model_folder(
+            folder,
+            name=name,
+            alias=archive.alias,
+            source=archive.source(kind),
+            fingerprint=fingerprint,
+            experiment="archive-models",
+            flavor="files",
+        )
+        verb = "registered as new version" if registered.created else "already registered as version"
+        context.log.info(f"{archive.source(kind)}: {verb} {registered.version}; models:/{name}@{archive.alias}")
+        return MaterializeResult(
+            data_version=DataVersion(f"v{registered.version}"),
+            metadata={
+                "model_uri": MetadataValue.text(f"models:/{name}@{archive.alias}"),
+                "version": MetadataValue.text(registered.version),
+                "source": MetadataValue.text(archive.source(kind)),
+                "fingerprint": MetadataValue.text(fingerprint),
+                "size_bytes": MetadataValue.int(_size_bytes(folder)),
+                "new_version": MetadataValue.bool(registered.created),
+            },
+        )
+
+    return _register
+
+
+speech_model = _archive_model_asset(SPEECH, "speech-to-text model (Whisper, CTranslate2 build)")
+frame_encoder = _archive_model_asset(FRAMES, "frame encoder (image embeddings)")
+text_encoder = _archive_model_asset(TEXT, "text encoder (sentence embeddings)")
+ARCHIVE_MODELS = [speech_model, frame_encoder, text_encoder]
+
+
+def archive_model_files(mlflow_registry: MlflowRegistry, archive: ArchiveSettings, kind: str):
+    """(ModelFiles, version) of the ``kind`` model behind the alias, downloaded for this step; a Failure
+    that says what to run when it is not registered."""
+    from mlflow.exceptions import MlflowException
+
+    name = archive.registered_model(kind)
+    try:
+        return mlflow_registry.model_files(name, archive.alias, Path(archive.cache_dir) / "registry", archive.cache_dir)
+    except MlflowException as exc:
+        if not is_not_found(exc):
+            raise RegistryError(f"MLflow registry error resolving models:/{name}@{archive.alias}: {exc}") from exc
+        raise Failure(
+            f"no models:/{name}@{archive.alias} in {mlflow_registry.tracking_uri}: materialise "
+            f"{ARCHIVE_MODEL_ASSETS[kind]} (job register_model) first.",
+            allow_retries=False,
+        ) from exc

@@ -1,0 +1,117 @@
+"""transcripts, frame_embeddings and text_embeddings for a batch, as the pipeline runs them: real local Ray,
+a real MLflow store holding the real bundled models, real Delta tables, real clips (one with generated
+speech). A second materialisation writes nothing; a new encoder version re-embeds exactly its rows."""
+
+import shutil
+
+import numpy as np
+import polars as pl
+import pytest
+from dagster import materialize
+
+from resources.archive import PACKAGED, TEXT, ArchiveSettings, assemble_packaged
+from resources.mlflow_registry import MlflowRegistry
+from resources.ray_cluster import EmbeddedRay
+from resources.vlm import VlmSettings
+from tests.conftest import copy_samples
+from tests.fixtures.speech import SENTENCES, speech_clip
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.embeddings import embedding_checks
+from video_assets.defs.embeddings.assets import frame_embeddings, text_embeddings
+from video_assets.defs.ingest.assets import raw_videos, video_metadata
+from video_assets.defs.ingest.registration import register_new_files
+from video_assets.defs.models.assets import ARCHIVE_MODELS, caption_prompt, text_encoder, vlm_model
+from video_assets.defs.partitions import video_batches
+from video_assets.defs.transcripts.assets import transcripts
+
+CLIPS = ["realshort.mp4", "asl_eat.mkv", "fire2.mp4"]  # audio, no audio stream, audio
+RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 6, "min_frames": 3}}}}
+ARCHIVE_TABLES = ("transcripts", "frame_embeddings", "text_embeddings")
+
+
+@pytest.mark.slow
+def test_archive_assets_for_a_batch(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+    copy_samples(volume_dir, CLIPS)
+    speech_clip(volume_dir / "spoken.mp4")
+    res = {
+        **resources,
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
+        ),
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=12, vlm_batch_size=2),
+        "archive": ArchiveSettings(cache_dir=str(tmp_path / "models"), device="cpu"),
+        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+    }
+    plan = register_new_files(res["volume"], res["tables"])
+    [key] = plan.batches
+    instance.add_dynamic_partitions(video_batches.name, [key])
+    assert materialize([vlm_model, caption_prompt, *ARCHIVE_MODELS], instance=instance, resources=res).success
+    ingest = materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res)
+    assert ingest.success
+    assert materialize([captions], partition_key=key, instance=instance, resources=res, run_config=RUN_CONFIG).success
+    archive = [transcripts, frame_embeddings, text_embeddings]
+
+    def run():
+        result = materialize(
+            [*archive, *embedding_checks], partition_key=key, instance=instance, resources=res, raise_on_error=False
+        )
+        assert result.success
+        failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
+        assert not failed
+        return {a.key.path[-1]: result.asset_materializations_for_node(a.key.path[-1])[0].metadata for a in archive}
+
+    tables = res["tables"]
+    first = run()
+    said = pl.read_delta(tables.table_uri("transcripts")).with_columns(name=pl.col("uri").str.split("/").list.last())
+    assert set(said["name"]) == {*CLIPS, "spoken.mp4"}  # every video has rows
+    assert said.filter(pl.col("name") == "asl_eat.mkv")["status"].to_list() == ["no_audio"]
+    spoken = said.filter(pl.col("name") == "spoken.mp4")
+    assert set(spoken["status"]) == {"speech"}
+    text = " ".join(spoken.sort("segment")["text"]).lower()
+    assert sum(w in text for w in ("bottle", "kitchen", "table", "fridge", "milk")) >= 3, text
+    for name in ("realshort.mp4", "fire2.mp4"):  # a second of room noise, a dog: no invented speech
+        assert said.filter(pl.col("name") == name)["status"].to_list() == ["no_speech"], name
+
+    caps = pl.read_delta(tables.table_uri("captions")).filter(pl.col("status") == "ok")
+    frames = pl.read_delta(tables.table_uri("frame_embeddings"))
+    assert (frames["status"] == "ok").all() and set(frames["dim"]) == {1280}
+    for vid, ts in (
+        caps.explode("frame_timestamps").group_by("video_id").agg(pl.col("frame_timestamps").sort()).iter_rows()
+    ):
+        got = frames.filter(pl.col("video_id") == vid).sort("timestamp_s")["timestamp_s"].to_list()
+        assert got == ts, vid  # the frames the captions saw, no others
+    vectors = np.asarray(frames["embedding"].to_list(), dtype=np.float32)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+    assert first["frame_embeddings"]["frame_map"].value.startswith("![")
+
+    texts = pl.read_delta(tables.table_uri("text_embeddings"))
+    by_source = dict(texts.group_by("source").len().iter_rows())
+    assert by_source == {"caption": caps.height, "transcript": spoken.height}
+    spoken_rows = texts.filter(pl.col("source") == "transcript").sort("segment")
+    assert spoken_rows["start_s"].to_list() == spoken.sort("segment")["start_s"].to_list()
+    assert set(texts["dim"]) == {384}
+
+    # Materialised again: nothing to do, no commit on any table.
+    versions = {t: tables.version(t) for t in ARCHIVE_TABLES}
+    again = run()
+    assert {t: tables.version(t) for t in ARCHIVE_TABLES} == versions
+    assert again["transcripts"]["videos_cached"].value == len(CLIPS) + 1
+    assert again["frame_embeddings"]["videos_embedded"].value == 0
+    assert again["text_embeddings"]["texts_embedded"].value == 0
+
+    # A new text encoder version (other content): text_embeddings embeds every text again under it;
+    # transcripts and frame embeddings, whose models did not change, write nothing.
+    changed = tmp_path / "minilm-changed"
+    shutil.copytree(assemble_packaged(TEXT, tmp_path / "minilm"), changed)
+    (changed / "NOTES.txt").write_text("a fine-tuned variant would differ in its weights; this only in a file\n")
+    res["archive"] = ArchiveSettings(cache_dir=str(tmp_path / "models"), device="cpu", text_encoder_source=str(changed))
+    assert res["archive"].text_encoder_source != PACKAGED[TEXT]
+    assert materialize([text_encoder], instance=instance, resources=res).success
+    third = run()
+    assert third["text_embeddings"]["encoder_version"].value == "2"
+    assert third["text_embeddings"]["texts_embedded"].value == texts.height
+    assert tables.version("transcripts") == versions["transcripts"]
+    assert tables.version("frame_embeddings") == versions["frame_embeddings"]
+    after = pl.read_delta(tables.table_uri("text_embeddings"))
+    assert dict(after.group_by("encoder_version").len().iter_rows()) == {"1": texts.height, "2": texts.height}
+    assert SENTENCES  # the clip's sentences are what the transcript was checked against

@@ -1,0 +1,79 @@
+"""The two-stage Ray Data shape every model stage of the archive shares with captioning:
+
+    rows ─► repartition ─► flat_map(cpu_fn, 1-CPU tasks) ─► map_batches(ModelStage actor pool) ─► rows
+
+A wide CPU stage (decode) feeds a narrow pool of actors that each load the model once per job. A row
+the CPU stage cannot handle stays in the stream carrying ``error``, and the actor passes it on without
+running the model. Retries are bounded for the reasons given in ``core.captioning.job``.
+
+Kept free of Dagster so the stages can be driven and tested with plain Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from video_assets.core.captioning.job import DECODE_TASK_RETRIES, VLM_ACTOR_RESTARTS
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """How wide each stage runs and what the model actors reserve; plain data, shipped to workers."""
+
+    cpu_concurrency: int = 2
+    model_concurrency: int = 1
+    model_num_gpus: float = 0.0
+    batch_size: int = 8
+    cpu_resources: dict[str, float] = field(default_factory=dict)
+
+
+def stream(
+    rows: list[dict],
+    cpu_fn: Callable[..., list[dict]] | None,
+    cpu_kwargs: dict[str, Any],
+    model_stage: type,
+    model_kwargs: dict[str, Any],
+    spec: StageSpec,
+) -> Iterator[dict]:
+    """Run ``rows`` through ``cpu_fn`` (one input row -> any number of rows; None: no CPU stage) and
+    ``model_stage`` (an actor class called with batches); yields the model stage's rows as they come."""
+    if not rows:
+        return
+    import ray.data
+
+    ds = ray.data.from_items(rows)
+    if cpu_fn is not None:
+        ds = ds.repartition(len(rows)).flat_map(  # one input per block: decoding spreads wide
+            cpu_fn,
+            fn_kwargs=cpu_kwargs,
+            compute=ray.data.TaskPoolStrategy(size=spec.cpu_concurrency),
+            num_cpus=1,
+            max_retries=DECODE_TASK_RETRIES,
+            retry_exceptions=False,  # a Python error is already an error row
+            **({"resources": spec.cpu_resources} if spec.cpu_resources else {}),
+        )
+    ds = ds.map_batches(
+        model_stage,
+        fn_constructor_kwargs=model_kwargs,
+        batch_size=spec.batch_size,
+        compute=ray.data.ActorPoolStrategy(size=spec.model_concurrency),
+        num_gpus=spec.model_num_gpus or None,
+        num_cpus=1,
+        max_restarts=VLM_ACTOR_RESTARTS,
+        max_task_retries=VLM_ACTOR_RESTARTS,
+    )
+    yield from ds.iter_rows()
+
+
+def node_id() -> str:
+    """The Ray node this code runs on."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def columns(rows: list[dict]) -> dict[str, list]:
+    """A batch (column -> values) from rows that all have the same keys."""
+    return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}

@@ -1,0 +1,300 @@
+"""Embeddings stage assets: a vector per caption frame, and per transcript segment and caption.
+
+Both are per batch and idempotent: a video (frames) or a source row (texts) already embedded by the
+encoder version behind the alias is not embedded again, so a second materialisation writes nothing, and
+a new encoder version embeds everything again under its own version (old rows stay, keyed by theirs).
+"""
+
+import json
+import time
+from datetime import UTC, datetime
+
+import polars as pl
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster_ray import RayResource
+from pydantic import Field
+
+from resources.archive import FRAMES, TEXT, ArchiveSettings
+from resources.archive import SPEECH as SPEECH_MODEL
+from resources.delta import DeltaTables
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+from video_assets.core.embeddings.job import frame_embedding_rows, text_embedding_rows
+from video_assets.core.inference.stages import StageSpec
+from video_assets.core.tables import CAPTIONS, FRAME_EMBEDDINGS, KEYS, SCHEMAS, TEXT_EMBEDDINGS, TRANSCRIPTS, to_arrow
+from video_assets.core.uploads.discovery import printable
+from video_assets.core.vocabulary import CAPTION_OK, EMBED_ERROR, SOURCE_CAPTION, SOURCE_TRANSCRIPT, TRANSCRIPT_SPEECH
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.captioning.runner import cluster_gpus
+from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
+from video_assets.defs.models.assets import archive_model_files, frame_encoder, production_versions, text_encoder
+from video_assets.defs.partitions import video_batches
+from video_assets.defs.transcripts.assets import transcripts
+
+PLOT_VIDEOS = 6  # videos whose frames the materialisation plots in 2-D
+WRITE_EVERY = 256  # rows per Delta write (whole videos for frames)
+
+
+class EmbedConfig(Config):
+    reembed: bool = Field(default=False, description="Embed again what this encoder version already embedded")
+
+
+def _spec(archive: ArchiveSettings, batch_size: int) -> tuple[StageSpec, str]:
+    device, gpus = archive.actor_placement(cluster_gpus())
+    spec = StageSpec(archive.cpu_concurrency, archive.model_concurrency, gpus, batch_size)
+    return spec, device
+
+
+def _stamp(rows: list[dict], table: str, **extra) -> list[dict]:
+    now = datetime.now(UTC)
+    cols = [f.name for f in SCHEMAS[table]]
+    return [{**{c: r.get(c) for c in cols}, **extra, "embedded_at": now} for r in rows]
+
+
+@asset(
+    partitions_def=video_batches,
+    deps=[captions, frame_encoder],
+    pool=ACCELERATOR_POOL,
+    **stage_asset("embeddings", FRAME_EMBEDDINGS, kinds=("ray", "mlflow")),
+)
+def frame_embeddings(
+    context: AssetExecutionContext,
+    config: EmbedConfig,
+    archive: ArchiveSettings,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    ray_cluster: RayResource,
+) -> MaterializeResult:
+    """A vector per frame the captions saw (same timestamps), from the frame encoder behind the alias
+    (EfficientNet-Lite0 by default: frame-to-frame similarity; a CLIP-style model: text queries too),
+    with on-screen text when `frame_ocr` is on. A video whose frames cannot be decoded gets an error row."""
+    batch = context.partition_key
+    model, version = archive_model_files(mlflow_registry, archive, FRAMES)
+    encoder = archive.registered_model(FRAMES)
+    caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
+    caps = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(
+        (pl.col("model_version") == caption_model) & (pl.col("prompt_version") == caption_prompt)
+    )
+    if caps.is_empty():
+        raise Failure(f"captions has no rows for batch {batch!r} (model v{caption_model}): materialise it first")
+    existing = tables.batch(FRAME_EMBEDDINGS, batch, SCHEMAS[FRAME_EMBEDDINGS])
+    done = set(existing.filter(pl.col("encoder_version") == version).get_column("video_id").to_list())
+    todo, failed = [], []
+    for (vid,), rows in caps.group_by(["video_id"], maintain_order=True):
+        if vid in done and not config.reembed:
+            continue
+        ok = rows.filter((pl.col("status") == CAPTION_OK) & (pl.col("frame_timestamps").list.len() > 0))
+        first = rows.row(0, named=True)
+        if ok.is_empty():
+            reason = f"no captioned frames: {first['error'] or first['status']}"
+            failed.append({k: first[k] for k in ("video_id", "batch_key", "uri")} | _error_row(reason))
+            continue
+        times = {int(r["segment"]): list(r["frame_timestamps"]) for r in ok.iter_rows(named=True)}
+        todo.append({k: first[k] for k in ("video_id", "batch_key", "uri")} | {"times": json.dumps(times)})
+    context.log.info(
+        f"batch {batch}: {len(todo)} videos to embed with models:/{encoder}@{archive.alias} v{version}, "
+        f"{len(done)} already embedded, {len(failed)} without captioned frames"
+    )
+    spec, device = _spec(archive, 1)  # one segment (its frames) per call; the encoder batches frames
+    started, pending, written, frames, encode_s, errors = time.perf_counter(), list(failed), 0, 0, 0.0, len(failed)
+    open_video: dict[str, list[dict]] = {}
+    expected = {v["video_id"]: len(json.loads(v["times"])) for v in todo}
+    seen: dict[str, set[int]] = {}
+    for row in frame_embedding_rows(todo, model, device, archive.frame_ocr, archive.frame_batch_size, spec):
+        vid = row["video_id"]
+        open_video.setdefault(vid, []).append(row)
+        seen.setdefault(vid, set()).add(int(row["segment"]))
+        if row["status"] == EMBED_ERROR:
+            errors += 1
+            context.log.warning(f"{printable(row['uri'])}: {printable(row['error'])}")
+            expected[vid] = len(seen[vid])  # an undecodable video is one error row
+        else:
+            frames += 1
+            encode_s += row.get("encode_s") or 0.0
+        if len(seen[vid]) >= expected.get(vid, 1):
+            pending += _dedupe(open_video.pop(vid))
+        if len(pending) >= WRITE_EVERY:
+            written += _write_frames(tables, pending, encoder, version)
+            pending = []
+    for rows in open_video.values():  # a video Ray returned only part of: written whole anyway
+        pending += _dedupe(rows)
+    written += _write_frames(tables, pending, encoder, version)
+    wall_s = time.perf_counter() - started
+
+    out = tables.batch(FRAME_EMBEDDINGS, batch, SCHEMAS[FRAME_EMBEDDINGS]).filter(pl.col("encoder_version") == version)
+    return MaterializeResult(
+        data_version=DataVersion(f"encoder-v{version}"),
+        metadata={
+            **table_metadata(
+                tables.table_uri(FRAME_EMBEDDINGS),
+                out,
+                tables.row_count(FRAME_EMBEDDINGS),
+                ["uri", "segment", "frame", "timestamp_s", "status", "dim", "error"],
+            ),
+            **_plot(out),
+            "encoder_uri": MetadataValue.text(f"models:/{encoder}@{archive.alias}"),
+            "encoder_version": MetadataValue.text(version),
+            "videos_embedded": MetadataValue.int(len(todo)),
+            "videos_cached": MetadataValue.int(len(done)),
+            "frames_embedded": MetadataValue.int(frames),
+            "error_rows": MetadataValue.int(errors),
+            "rows_written": MetadataValue.int(written),
+            "job_wall_s": MetadataValue.float(round(wall_s, 3)),
+            "frames_per_s": MetadataValue.float(round(frames / wall_s, 2) if frames else 0.0),
+            "encoder_ms_per_frame": MetadataValue.float(round(1000 * encode_s / frames, 1) if frames else 0.0),
+        },
+    )
+
+
+def _error_row(reason: str) -> dict:
+    return {"segment": 0, "frame": 0, "status": EMBED_ERROR, "error": reason}
+
+
+def _dedupe(rows: list[dict]) -> list[dict]:
+    """One row per (segment, frame): a retried Ray task may deliver a segment twice."""
+    return list({(int(r["segment"]), int(r["frame"])): r for r in rows}.values())
+
+
+def _write_frames(tables: DeltaTables, rows: list[dict], encoder: str, version: str) -> int:
+    """Whole videos at a time: their rows for this encoder version replaced in one commit."""
+    if not rows:
+        return 0
+    full = _stamp(rows, FRAME_EMBEDDINGS, encoder=encoder, encoder_version=version)
+    selection = {
+        "batch_key": sorted({r["batch_key"] for r in full}),
+        "video_id": sorted({r["video_id"] for r in full}),
+        "encoder_version": [version],
+    }
+    tables.replace_where(FRAME_EMBEDDINGS, to_arrow(FRAME_EMBEDDINGS, full), selection)
+    return len(full)
+
+
+def _plot(out: pl.DataFrame) -> dict:
+    """A 2-D projection of a few videos' frame vectors: clips should form their own clusters."""
+    from video_assets.core.charts import markdown_image
+    from video_assets.core.embeddings.similarity import project_2d, scatter_png
+
+    ok = out.filter(pl.col("embedding").is_not_null())
+    videos = ok.get_column("uri").unique(maintain_order=True).head(PLOT_VIDEOS).to_list()
+    ok = ok.filter(pl.col("uri").is_in(videos))
+    if ok.height < 3:
+        return {}
+    import numpy as np
+
+    points = project_2d(np.asarray(ok.get_column("embedding").to_list(), dtype=np.float32))
+    labels = [printable(u.rsplit("/", 1)[-1]) for u in ok.get_column("uri").to_list()]
+    return {"frame_map": MetadataValue.md(markdown_image(scatter_png(points, labels), "frames in 2-D (PCA)"))}
+
+
+@asset(
+    partitions_def=video_batches,
+    deps=[transcripts, captions, text_encoder],
+    pool=ACCELERATOR_POOL,
+    **stage_asset("embeddings", TEXT_EMBEDDINGS, kinds=("ray", "mlflow")),
+)
+def text_embeddings(
+    context: AssetExecutionContext,
+    config: EmbedConfig,
+    archive: ArchiveSettings,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    ray_cluster: RayResource,
+) -> MaterializeResult:
+    """A vector per transcript segment (speech model behind the alias) and per caption (captioning model
+    and prompt behind production), keyed back to its source row and time range."""
+    batch = context.partition_key
+    model, version = archive_model_files(mlflow_registry, archive, TEXT)
+    encoder = archive.registered_model(TEXT)
+    sources = _text_sources(tables, batch, archive, vlm, mlflow_registry)
+    key = ["video_id", "source", "segment", "source_version"]
+    existing = tables.batch(TEXT_EMBEDDINGS, batch, SCHEMAS[TEXT_EMBEDDINGS]).filter(
+        pl.col("encoder_version") == version
+    )
+    todo = sources if config.reembed else sources.join(existing.select(key), on=key, how="anti")
+    context.log.info(
+        f"batch {batch}: {todo.height} texts to embed with models:/{encoder}@{archive.alias} v{version}, "
+        f"{sources.height - todo.height} already embedded"
+    )
+    spec, device = _spec(archive, archive.text_batch_size)
+    started, written, encode_s = time.perf_counter(), 0, 0.0
+    pending: list[dict] = []
+    for row in text_embedding_rows(todo.to_dicts(), model, device, spec):
+        encode_s += row.get("encode_s") or 0.0
+        pending.append(row)
+    for i in range(0, len(pending), WRITE_EVERY):
+        # A keyed upsert: a rerun's rows replace their own, and nothing else of the video is touched.
+        chunk = _stamp(pending[i : i + WRITE_EVERY], TEXT_EMBEDDINGS, encoder=encoder, encoder_version=version)
+        tables.merge(TEXT_EMBEDDINGS, to_arrow(TEXT_EMBEDDINGS, chunk), KEYS[TEXT_EMBEDDINGS])
+        written += len(chunk)
+    wall_s = time.perf_counter() - started
+    out = tables.batch(TEXT_EMBEDDINGS, batch, SCHEMAS[TEXT_EMBEDDINGS]).filter(pl.col("encoder_version") == version)
+    counts = dict(out.group_by("source").len().iter_rows())
+    return MaterializeResult(
+        data_version=DataVersion(f"encoder-v{version}"),
+        metadata={
+            **table_metadata(
+                tables.table_uri(TEXT_EMBEDDINGS),
+                out,
+                tables.row_count(TEXT_EMBEDDINGS),
+                ["uri", "source", "segment", "start_s", "end_s", "text"],
+            ),
+            "encoder_uri": MetadataValue.text(f"models:/{encoder}@{archive.alias}"),
+            "encoder_version": MetadataValue.text(version),
+            "texts_embedded": MetadataValue.int(len(pending)),
+            "texts_cached": MetadataValue.int(sources.height - todo.height),
+            "rows_by_source": MetadataValue.json({k: int(v) for k, v in counts.items()}),
+            "rows_written": MetadataValue.int(written),
+            "job_wall_s": MetadataValue.float(round(wall_s, 3)),
+            "texts_per_s": MetadataValue.float(round(len(pending) / wall_s, 2) if pending else 0.0),
+            "encoder_ms_per_text": MetadataValue.float(round(1000 * encode_s / len(pending), 2) if pending else 0.0),
+        },
+    )
+
+
+def _text_sources(
+    tables: DeltaTables, batch: str, archive: ArchiveSettings, vlm: VlmSettings, mlflow_registry: MlflowRegistry
+) -> pl.DataFrame:
+    """The batch's texts to embed: speech segments of the speech model behind the alias, and ok captions
+    of the captioning model and prompt behind production."""
+    cols = ["video_id", "batch_key", "uri", "source", "segment", "source_version", "start_s", "end_s", "text"]
+    speech_version = mlflow_registry.alias_version("model", archive.registered_model(SPEECH_MODEL), archive.alias)
+    said = tables.batch(TRANSCRIPTS, batch, SCHEMAS[TRANSCRIPTS]).filter(
+        (pl.col("model_version") == speech_version)
+        & (pl.col("status") == TRANSCRIPT_SPEECH)
+        & (pl.col("text").str.len_chars() > 0)
+    )
+    caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
+    seen = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(
+        (pl.col("model_version") == caption_model)
+        & (pl.col("prompt_version") == caption_prompt)
+        & (pl.col("status") == CAPTION_OK)
+        & (pl.col("prose").fill_null("").str.len_chars() > 0)
+    )
+    return pl.concat(
+        [
+            said.select(
+                "video_id",
+                "batch_key",
+                "uri",
+                pl.lit(SOURCE_TRANSCRIPT).alias("source"),
+                "segment",
+                pl.col("model_version").alias("source_version"),
+                "start_s",
+                "end_s",
+                pl.col("text").str.strip_chars(),
+            ),
+            seen.select(
+                "video_id",
+                "batch_key",
+                "uri",
+                pl.lit(SOURCE_CAPTION).alias("source"),
+                "segment",
+                pl.format("{}/{}", "model_version", "prompt_version").alias("source_version"),
+                pl.col("segment_start_s").alias("start_s"),
+                pl.col("segment_end_s").alias("end_s"),
+                pl.col("prose").alias("text"),
+            ),
+        ]
+    ).select(cols)
