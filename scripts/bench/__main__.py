@@ -5,7 +5,9 @@ the target (issue "Performance"). Sections (scripts/bench/<name>.py, each ``rows
 - sampling: frame sampling vs the ffmpeg CLI at 1 fps and vs a keyframe-only decode, total CPU time;
 - delta: a new batch's Delta work with 1,000 batches in the table vs 1;
 - pipeline: a 2-clip vs a 20-clip batch through the real captions asset, and batch wall time vs its
-  decode + generation time.
+  decode + generation time;
+- throughput: the throughput model's predictions vs measured batches;
+- archive: transcription vs real time, frame embedding vs decoding the frames, text embedding rate.
 
 Clips: ../shared/samples (the bundled samples/ when absent) plus the longer clips the sampling section
 generates. Needs the ffmpeg and ffprobe CLIs (`make bench` installs Debian's ffmpeg when missing).
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("probe", "sampling", "delta", "pipeline", "throughput")
+SECTIONS = ("probe", "sampling", "delta", "pipeline", "throughput", "archive")
 SUFFIXES = (".mp4", ".mkv", ".webm", ".avi", ".mpg", ".mov")
 
 
