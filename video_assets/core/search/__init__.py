@@ -1,0 +1,1 @@
+"""Search over the archive: the index (LanceDB), hybrid lexical + semantic retrieval, and its hits."""
