@@ -29,6 +29,7 @@ PROMOTIONS = "promotion_decisions"
 TRANSCRIPTS = "transcripts"
 FRAME_EMBEDDINGS = "frame_embeddings"
 TEXT_EMBEDDINGS = "text_embeddings"
+VIDEO_SUMMARIES = "video_summaries"
 
 # The scores every evaluation reports as columns (all of them are in the metrics JSON too).
 HEADLINE_METRICS = {
@@ -336,11 +337,38 @@ SCHEMAS[TEXT_EMBEDDINGS] = pa.schema(
     ]
 )
 
+SCHEMAS[VIDEO_SUMMARIES] = pa.schema(
+    _VIDEO
+    + [
+        pa.field(
+            "summarizer",
+            pa.string(),
+            nullable=False,
+            metadata={"doc": "'extractive', or 'llm:<model>' when an OpenAI-compatible LLM wrote it"},
+        ),
+        pa.field(
+            "summary", pa.string(), nullable=False, metadata={"doc": "what happens in the video, with [mm:ss] times"}
+        ),
+        pa.field("start_s", pa.float64(), metadata={"doc": "first time covered"}),
+        pa.field("end_s", pa.float64(), metadata={"doc": "last time covered"}),
+        pa.field("chunks", pa.int32(), metadata={"doc": "map-reduce chunks summarised (1 for a short video)"}),
+        pa.field(
+            "inputs_version",
+            pa.string(),
+            nullable=False,
+            metadata={"doc": "hash of the caption, transcript and event rows summarised: a change redoes it"},
+        ),
+        pa.field("summarized_at", _TS, nullable=False, metadata={"doc": "when written"}),
+    ]
+)
+
 _STRUCT_KEY_NAMES = [f.name for f in _STRUCT_KEY]
 
 # Tables whose rows belong to the upload batch of their video, and every video to one batch (raw_videos
 # assigns it): their merges and reads can be pruned to the batch without changing what they match.
-BATCH_SCOPED = frozenset({VIDEO_METADATA, CAPTIONS, STRUCTURED_EVENTS, TRANSCRIPTS, FRAME_EMBEDDINGS, TEXT_EMBEDDINGS})
+BATCH_SCOPED = frozenset(
+    {VIDEO_METADATA, CAPTIONS, STRUCTURED_EVENTS, TRANSCRIPTS, FRAME_EMBEDDINGS, TEXT_EMBEDDINGS, VIDEO_SUMMARIES}
+)
 
 KEYS: dict[str, list[str]] = {
     BATCH_MANIFEST: ["uri", "size_bytes", "mtime"],
@@ -356,6 +384,7 @@ KEYS: dict[str, list[str]] = {
     TRANSCRIPTS: ["video_id", "segment", "model_version"],
     FRAME_EMBEDDINGS: ["video_id", "segment", "frame", "encoder_version"],
     TEXT_EMBEDDINGS: ["video_id", "source", "segment", "source_version", "encoder_version"],
+    VIDEO_SUMMARIES: ["video_id", "summarizer"],
 }
 
 
