@@ -9,18 +9,19 @@ import polars as pl
 import pytest
 from dagster import materialize
 
-from resources.archive import PACKAGED, TEXT, ArchiveSettings, assemble_packaged
+from resources.archive import TEXT, ArchiveSettings, assemble_packaged
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
-from tests.fixtures.speech import SENTENCES, speech_clip
+from tests.fixtures.speech import speech_clip
+from video_assets.core.models.tiny_clip import build_tiny_clip
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.embeddings import embedding_checks
 from video_assets.defs.embeddings.assets import frame_embeddings, text_embeddings
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.registration import register_new_files
-from video_assets.defs.models.assets import ARCHIVE_MODELS, caption_prompt, text_encoder, vlm_model
+from video_assets.defs.models.assets import ARCHIVE_MODELS, caption_prompt, frame_encoder, text_encoder, vlm_model
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.transcripts.assets import transcripts
 
@@ -99,19 +100,30 @@ def test_archive_assets_for_a_batch(instance, resources, volume_dir, tiny_model_
     assert again["frame_embeddings"]["videos_embedded"].value == 0
     assert again["text_embeddings"]["texts_embedded"].value == 0
 
-    # A new text encoder version (other content): text_embeddings embeds every text again under it;
-    # transcripts and frame embeddings, whose models did not change, write nothing.
+    # New encoder versions: text_embeddings embeds every text again under the new text encoder (other
+    # content, same architecture), frame_embeddings every frame under a CLIP-style encoder (the tiny
+    # random CLIP: text queries could hit frames). transcripts, whose model did not change, writes nothing.
     changed = tmp_path / "minilm-changed"
     shutil.copytree(assemble_packaged(TEXT, tmp_path / "minilm"), changed)
     (changed / "NOTES.txt").write_text("a fine-tuned variant would differ in its weights; this only in a file\n")
-    res["archive"] = ArchiveSettings(cache_dir=str(tmp_path / "models"), device="cpu", text_encoder_source=str(changed))
-    assert res["archive"].text_encoder_source != PACKAGED[TEXT]
-    assert materialize([text_encoder], instance=instance, resources=res).success
+    clip = build_tiny_clip(tmp_path / "tiny-clip")
+    res["archive"] = ArchiveSettings(
+        cache_dir=str(tmp_path / "models"),
+        device="cpu",
+        text_encoder_source=str(changed),
+        frame_encoder_source=str(clip),
+    )
+    assert materialize([text_encoder, frame_encoder], instance=instance, resources=res).success
     third = run()
     assert third["text_embeddings"]["encoder_version"].value == "2"
     assert third["text_embeddings"]["texts_embedded"].value == texts.height
+    assert third["frame_embeddings"]["encoder_version"].value == "2"
+    assert third["frame_embeddings"]["videos_embedded"].value == len(CLIPS) + 1
+    assert third["transcripts"]["videos_transcribed"].value == 0
     assert tables.version("transcripts") == versions["transcripts"]
-    assert tables.version("frame_embeddings") == versions["frame_embeddings"]
     after = pl.read_delta(tables.table_uri("text_embeddings"))
     assert dict(after.group_by("encoder_version").len().iter_rows()) == {"1": texts.height, "2": texts.height}
-    assert SENTENCES  # the clip's sentences are what the transcript was checked against
+    frames_after = pl.read_delta(tables.table_uri("frame_embeddings"))
+    dims = dict(frames_after.group_by("encoder_version").agg(pl.col("dim").unique().first()).iter_rows())
+    assert dims["1"] == 1280 and dims["2"] < 1280
+    assert frames_after.filter(pl.col("encoder_version") == "2").height == frames.height

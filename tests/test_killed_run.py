@@ -89,7 +89,7 @@ def test_a_killed_run_stops_writing_and_its_rerun_completes(dagster_home, volume
             "-m",
             "video_assets.definitions",
             "--select",
-            "vlm_model,caption_prompt",
+            "vlm_model,caption_prompt,speech_model,frame_encoder,text_encoder",
         ],
         env,
     )
