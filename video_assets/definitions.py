@@ -9,8 +9,10 @@ from resources.archive import FRAMES, PACKAGED, SPEECH, TEXT, ArchiveSettings
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
+from resources.search import SearchIndex
 from resources.settings import (
     default_mlflow_artifacts,
+    default_index_uri,
     default_mlflow_uri,
     default_models_dir,
     default_tables_uri,
@@ -31,6 +33,7 @@ from video_assets.defs import (
     models,
     promotion,
     routing,
+    search,
     structuring,
     transcripts,
 )
@@ -45,6 +48,7 @@ STAGES = (
     promotion,
     transcripts,
     embeddings,
+    search,
     maintenance,
 )
 
@@ -64,6 +68,7 @@ def build_resources() -> dict:
             engine=env_or("VLM_ENGINE", "auto"),
             cache_dir=env_or("VLM_CACHE_DIR", default_models_dir()),
         ),
+        "search_index_store": SearchIndex(uri=env_or("VIDEO_INDEX_URI", default_index_uri())),
         "archive": ArchiveSettings(
             speech_model_source=env_or("SPEECH_MODEL_SOURCE", PACKAGED[SPEECH]),
             frame_encoder_source=env_or("FRAME_ENCODER_SOURCE", PACKAGED[FRAMES]),
