@@ -11,8 +11,8 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.search import SearchIndex
 from resources.settings import (
-    default_mlflow_artifacts,
     default_index_uri,
+    default_mlflow_artifacts,
     default_mlflow_uri,
     default_models_dir,
     default_tables_uri,
