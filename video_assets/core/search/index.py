@@ -149,7 +149,10 @@ def event_rows(structured_events: pl.DataFrame, encode: Encode, encoder_version:
             version = f"{r['model_version']}/{r['prompt_version']}/{r['use_case_version']}/{r['structurer']}"
             rows.append(
                 {
-                    **{k: r[k] for k in ("video_id", "batch_key", "uri", "segment", "use_case", "verdict", "confidence")},
+                    **{
+                        k: r[k]
+                        for k in ("video_id", "batch_key", "uri", "segment", "use_case", "verdict", "confidence")
+                    },
                     **{k: e.get(k) for k in ("start_s", "end_s", "actor", "action", "object")},
                     "row_id": row_id(EVENT, r["video_id"], r["segment"], r["use_case"], i, version),
                     "source": EVENT,
