@@ -251,9 +251,10 @@ def write_batch(index_uri: str, batch_key: str, rows: dict[str, pa.Table | None]
 
 def ensure_fts(table) -> None:
     """The BM25 index on ``text``: created when missing; else new rows are folded in by ``optimize``
-    (measured on 10k texts: replacing the index costs ~0.5 s per write and grows with the table,
-    ``optimize`` ~0.1 s and grows with the batch; unindexed rows are searched exhaustively meanwhile,
-    so results never miss a row)."""
+    (which also compacts the table's small files). Measured here on 10k texts with 200-row batches:
+    replacing the index 0.10-0.14 s per write, ``optimize`` 0.03-0.21 s; replacing re-reads the whole
+    table, so its cost grows with the archive, ``optimize`` works on the new fragments (not measured
+    beyond 10k rows). Rows not yet indexed are searched exhaustively, so a search never misses one."""
     from lancedb.index import FTS
 
     if not any(i.index_type == "FTS" for i in table.list_indices()):
