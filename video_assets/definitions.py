@@ -7,6 +7,7 @@ from dagster_ray.configs import Lifecycle
 
 from resources.archive import FRAMES, PACKAGED, SPEECH, TEXT, ArchiveSettings
 from resources.delta import DeltaTables
+from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.settings import (
@@ -32,6 +33,7 @@ from video_assets.defs import (
     promotion,
     routing,
     structuring,
+    summaries,
     transcripts,
 )
 
@@ -45,6 +47,7 @@ STAGES = (
     promotion,
     transcripts,
     embeddings,
+    summaries,
     maintenance,
 )
 
@@ -75,6 +78,12 @@ def build_resources() -> dict:
             use_cases=env_or("VIDEO_USE_CASES", "object_handling"),
             model=env_or("STRUCTURER_MODEL", CAPTIONER),
             engine=env_or("STRUCTURER_ENGINE", "auto"),
+        ),
+        # An OpenAI-compatible LLM (vLLM's server) for summaries and the ask agent; none when unset.
+        "llm": LlmSettings(
+            base_url=env_or("LLM_BASE_URL", ""),
+            model=env_or("LLM_MODEL", ""),
+            api_key=env_or("LLM_API_KEY", "EMPTY"),
         ),
         # Connects to RAY_ADDRESS when set (ray.init reads it); an embedded local Ray, with Ray's
         # token authentication on and this instance's token, otherwise.
