@@ -146,6 +146,7 @@ def ask(question: str, searcher: Searcher, llm: LlmClient | None, k: int = 8) ->
         raise ValueError("empty question")
     notes: list[str] = []
     steps: list[dict] | None = None
+    failed = False
     if llm is None:
         notes.append("no language model configured (LLM_BASE_URL unset): deterministic plan, extractive answer")
     else:
@@ -153,7 +154,7 @@ def ask(question: str, searcher: Searcher, llm: LlmClient | None, k: int = 8) ->
             steps = _llm_plan(question, llm, k, notes)
         except Exception as exc:  # unreachable, HTTP errors: answer without it
             notes.append(f"language model unavailable, deterministic plan used: {exc}")
-            llm = None
+            llm, failed = None, True
     if steps is None:
         steps = deterministic_plan(question, k)
     run, evidence = execute(steps, searcher, k)
@@ -172,7 +173,8 @@ def ask(question: str, searcher: Searcher, llm: LlmClient | None, k: int = 8) ->
             notes.append(f"language model failed while answering, extractive answer instead: {exc}")
             text, cited = extractive_answer(question, evidence, run, LLM_FAILED)
     else:
-        text, cited = extractive_answer(question, evidence, run, NO_LLM if llm is None else LLM_FAILED)
+        lead = LLM_FAILED if failed else NO_LLM if llm is None else "Nothing in the index matched the question."
+        text, cited = extractive_answer(question, evidence, run, lead)
     citations = [{**evidence[n - 1].to_dict(), "n": n} for n in cited]
     return Answer(text=text, citations=citations, plan=run, mode=mode, notes=notes)
 
@@ -408,7 +410,7 @@ def extractive_answer(question: str, evidence: list[Hit], run: list[dict], lead:
     citation. For a whole video ("what happens in X"): its summary if indexed, else passages spread
     over the video in time order."""
     if not evidence:
-        return f"{lead}\n(nothing in the index matched the question)", []
+        return lead if lead.startswith("Nothing") else f"{lead}\n(nothing in the index matched the question)", []
     whole_video = any(s["tool"] == "video" for s in run)
     numbered = list(enumerate(evidence, 1))
     if whole_video:
@@ -416,7 +418,7 @@ def extractive_answer(question: str, evidence: list[Hit], run: list[dict], lead:
         rest = sorted(((n, h) for n, h in numbered if h.source != SUMMARY), key=lambda x: x[1].start_s)
         m = max(0, EXTRACT_PASSAGES - len(summary))
         spread = [rest[round(i * (len(rest) - 1) / (m - 1))] for i in range(m)] if m > 1 and len(rest) > m else rest[:m]
-        chosen = summary + list(dict.fromkeys(spread))
+        chosen = list({n: (n, h) for n, h in summary + spread}.values())
         passages = [(n, h, h.text) for n, h in chosen]
     else:
         q = _terms(question)
