@@ -160,3 +160,17 @@ def test_video_summaries_extractive_idempotent_then_by_an_llm(instance, setup, t
     failed = _run(instance, {**res, "llm": dead}, ok=False)
     failures = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failures and "LLM_BASE_URL" in failures[0].event_specific_data.error.message
+
+
+def test_the_llm_resource_reads_llm_settings_from_the_environment(monkeypatch):
+    from video_assets.definitions import build_resources
+
+    for var in ("LLM_BASE_URL", "LLM_MODEL", "LLM_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    assert build_resources()["llm"].process_config_and_initialize().client() is None  # unset: no LLM
+    monkeypatch.setenv("LLM_BASE_URL", "http://vllm:8000/v1")
+    monkeypatch.setenv("LLM_MODEL", "Qwen/Qwen2.5-7B-Instruct")
+    monkeypatch.setenv("LLM_API_KEY", "s3cret-key")
+    client = build_resources()["llm"].process_config_and_initialize().client()
+    assert (client.base_url, client.model) == ("http://vllm:8000/v1", "Qwen/Qwen2.5-7B-Instruct")
+    assert "s3cret" not in repr(client)
