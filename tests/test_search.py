@@ -240,7 +240,8 @@ def test_event_filters_return_exactly_the_matching_events(index, encoder):
     assert len(searcher.events()) == 4
     assert spans(verdict="confirmed") == [("vid-a", 6.0, 7.0), ("vid-a", 11.0, 13.0)]
     assert spans(min_confidence=0.5) == [("vid-a", 6.0, 7.0), ("vid-a", 11.0, 13.0), ("vid-a", 31.0, 32.0)]
-    assert spans(after_s=12.0, before_s=55.0) == [("vid-a", 11.0, 13.0), ("vid-a", 31.0, 32.0), ("vid-b", 52.0, 66.0)]
+    assert spans(after_s=11.0, before_s=55.0) == [("vid-a", 11.0, 13.0), ("vid-a", 31.0, 32.0)]
+    assert spans(after_s=12.0) == [("vid-a", 31.0, 32.0), ("vid-b", 52.0, 66.0)]  # within, not overlapping
     assert spans(use_case="object_handling", verdict="possible", min_confidence=0.2) == [("vid-b", 52.0, 66.0)]
     assert spans(use_case="other") == []
     [e] = searcher.events(verdict="suspected")

@@ -289,8 +289,11 @@ def serve_command(args) -> int:
     except IndexMissing as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"search index {index.uri}; serving on http://{args.host}:{args.port}/")
-    serve(create_app(searcher, tables=res["tables"], volume=res["volume"]), args.host, args.port)
+    # The ask box's LLM (LLM_BASE_URL); none configured: deterministic plans and extractive answers.
+    llm = built["llm"].process_config_and_initialize().client()
+    print(f"search index {index.uri}; LLM {llm.base_url if llm else 'none (extractive answers)'}")
+    print(f"serving on http://{args.host}:{args.port}/")
+    serve(create_app(searcher, tables=res["tables"], volume=res["volume"], llm=llm), args.host, args.port)
     return 0
 
 

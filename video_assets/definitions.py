@@ -7,6 +7,7 @@ from dagster_ray.configs import Lifecycle
 
 from resources.archive import FRAMES, PACKAGED, SPEECH, TEXT, ArchiveSettings
 from resources.delta import DeltaTables
+from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.search import SearchIndex
@@ -35,6 +36,7 @@ from video_assets.defs import (
     routing,
     search,
     structuring,
+    summaries,
     transcripts,
 )
 
@@ -48,6 +50,7 @@ STAGES = (
     promotion,
     transcripts,
     embeddings,
+    summaries,
     search,
     maintenance,
 )
@@ -80,6 +83,12 @@ def build_resources() -> dict:
             use_cases=env_or("VIDEO_USE_CASES", "object_handling"),
             model=env_or("STRUCTURER_MODEL", CAPTIONER),
             engine=env_or("STRUCTURER_ENGINE", "auto"),
+        ),
+        # An OpenAI-compatible LLM (vLLM's server) for summaries and the ask agent; none when unset.
+        "llm": LlmSettings(
+            base_url=env_or("LLM_BASE_URL", ""),
+            model=env_or("LLM_MODEL", ""),
+            api_key=env_or("LLM_API_KEY", "EMPTY"),
         ),
         # Connects to RAY_ADDRESS when set (ray.init reads it); an embedded local Ray, with Ray's
         # token authentication on and this instance's token, otherwise.

@@ -1,1 +1,2 @@
-"""The search service: FastAPI over a ``Searcher`` (``app.create_app``), and the web page in ``static/``."""
+"""The HTTP service over the archive: search (``app.create_app`` over a ``Searcher``), videos, the
+question-answering endpoint (``ask.router``) and the web page in ``static/``."""

@@ -16,6 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-version", default=None, help="encoder version of the indexed rows (default: the only one)")
     p.add_argument("--frame-model", default=None, help="frame encoder folder, for image uploads")
     p.add_argument("--tables", default=None, help="Delta tables root (raw_videos: thumbnails and files)")
+    p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible endpoint for /api/ask (default: none)")
+    p.add_argument("--llm-model", default="", help="model the endpoint serves (default: the first it lists)")
     p.add_argument("--host", default=DEFAULT_HOST)
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     args = p.parse_args(argv)
@@ -29,9 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         from resources.delta import DeltaTables
 
         tables = DeltaTables(root_uri=args.tables)
+    from video_assets.core.qa.llm import LlmClient
     from video_assets.service.app import create_app
 
-    serve(create_app(searcher, tables=tables), args.host, args.port)
+    llm = LlmClient(args.llm_base_url, args.llm_model) if args.llm_base_url else None
+    serve(create_app(searcher, tables=tables, llm=llm), args.host, args.port)
     return 0
 
 

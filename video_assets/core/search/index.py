@@ -434,8 +434,9 @@ class LanceSearcher:
         *,
         video_id: str | None = None,
     ) -> list[Hit]:
-        """Events matching every filter: ``after_s``/``before_s`` keep the events overlapping
-        [after_s, before_s] (ending at or after ``after_s``, starting at or before ``before_s``)."""
+        """Events matching every filter: ``after_s``/``before_s`` keep the events that happen within
+        [after_s, before_s] (starting at or after ``after_s``, ending at or before ``before_s``), as in
+        "confirmed events after 10 s"."""
         clauses = ["true"]
         if use_case is not None:
             clauses.append(f"use_case = {_quote(use_case)}")
@@ -444,9 +445,9 @@ class LanceSearcher:
         if min_confidence is not None:
             clauses.append(f"confidence >= {float(min_confidence)!r}")
         if after_s is not None:
-            clauses.append(f"end_s >= {float(after_s)!r}")
+            clauses.append(f"start_s >= {float(after_s)!r}")
         if before_s is not None:
-            clauses.append(f"start_s <= {float(before_s)!r}")
+            clauses.append(f"end_s <= {float(before_s)!r}")
         if video_id is not None:
             clauses.append(f"video_id = {_quote(video_id)}")
         hits = _in_time_order(_hit(r, 1.0) for r in self._rows(EVENTS, " AND ".join(clauses)))
@@ -457,6 +458,17 @@ class LanceSearcher:
         rows = self._rows(TEXTS, f"{self._version_filter(TEXTS)} AND {vid}")
         rows += self._rows(EVENTS, vid) + self._rows(SUMMARIES, vid)
         return _in_time_order(_hit(r, 1.0) for r in rows)
+
+    def find_video(self, name: str) -> str | None:
+        """The video_id of the indexed file called ``name`` (with or without its extension), if one is."""
+        name = name.rsplit("/", 1)[-1]
+        for table in (TEXTS, FRAMES, EVENTS, SUMMARIES):
+            tail = f"/{name}"
+            where = f"uri LIKE {_quote('%' + tail)} OR uri LIKE {_quote('%' + tail + '.%')} OR uri = {_quote(name)}"
+            rows = self._rows(table, where, limit=1)
+            if rows:
+                return rows[0]["video_id"]
+        return None
 
     def has_video(self, video_id: str) -> bool:
         vid = f"video_id = {_quote(video_id)}"
