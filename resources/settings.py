@@ -54,6 +54,11 @@ def default_models_dir() -> str:
     return str(dagster_home() / "models")
 
 
+def default_curation_dir() -> str:
+    """Kept-frame JPEGs (``frames/``) and training exports (``exports/``) of frame curation."""
+    return str(dagster_home() / "curation")
+
+
 # The packages a Ray worker needs to run this product's stages (decode tasks, VLM actors).
 SHIPPED_PACKAGES = ("video_assets", "resources")
 

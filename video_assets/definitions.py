@@ -6,12 +6,14 @@ from dagster import Definitions
 from dagster_ray.configs import Lifecycle
 
 from resources.archive import FRAMES, PACKAGED, SPEECH, TEXT, ArchiveSettings
+from resources.curation import CurationStore
 from resources.delta import DeltaTables
 from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.search import SearchIndex
 from resources.settings import (
+    default_curation_dir,
     default_index_uri,
     default_mlflow_artifacts,
     default_mlflow_uri,
@@ -27,6 +29,7 @@ from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from resources.volume import VideoVolume
 from video_assets.defs import (
     captioning,
+    curation,
     embeddings,
     evaluation,
     ingest,
@@ -52,6 +55,7 @@ STAGES = (
     embeddings,
     summaries,
     search,
+    curation,
     maintenance,
 )
 
@@ -78,6 +82,10 @@ def build_resources() -> dict:
             text_encoder_source=env_or("TEXT_ENCODER_SOURCE", PACKAGED[TEXT]),
             device=env_or("ARCHIVE_DEVICE", "auto"),
             cache_dir=env_or("VLM_CACHE_DIR", default_models_dir()),
+        ),
+        "curation": CurationStore(
+            frames_dir=env_or("VIDEO_CURATION_FRAMES_DIR", f"{default_curation_dir()}/frames"),
+            exports_dir=env_or("VIDEO_CURATION_EXPORTS_DIR", f"{default_curation_dir()}/exports"),
         ),
         "structurer": StructurerSettings(
             use_cases=env_or("VIDEO_USE_CASES", "object_handling"),

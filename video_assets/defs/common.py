@@ -53,6 +53,13 @@ STAGE_SOURCES: dict[str, tuple[str, ...]] = {
     "embeddings": ("defs/embeddings", "core/embeddings", "core/inference/stages.py", "core/media/sampling.py"),
     "summaries": ("defs/summaries", "core/qa/summaries.py", "core/qa/llm.py"),
     "search": ("defs/search", "core/search"),
+    "curation": (
+        "defs/curation",
+        "core/curation",
+        "core/inference/stages.py",
+        "core/media/sampling.py",
+        "core/captioning/job.py",
+    ),
 }
 
 
