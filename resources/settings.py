@@ -43,8 +43,20 @@ def default_mlflow_artifacts() -> str:
     return str(dagster_home() / "mlartifacts")
 
 
+def default_index_uri() -> str:
+    """The search index (LanceDB): next to the tables, ``<tables root>/../search_index``, so a demo's
+    tables and its index move together; VIDEO_INDEX_URI overrides it."""
+    tables = os.environ.get("VIDEO_TABLES_URI") or default_tables_uri()
+    return f"{tables.rstrip('/').rsplit('/', 1)[0]}/search_index"
+
+
 def default_models_dir() -> str:
     return str(dagster_home() / "models")
+
+
+def default_curation_dir() -> str:
+    """Kept-frame JPEGs (``frames/``) and training exports (``exports/``) of frame curation."""
+    return str(dagster_home() / "curation")
 
 
 # The packages a Ray worker needs to run this product's stages (decode tasks, VLM actors).

@@ -91,6 +91,7 @@ def test_engine_steps_share_one_pool_limited_by_the_instance(instance):
         "transcripts",
         "frame_embeddings",
         "text_embeddings",
+        "frames",  # the VLM describes kept frames when describe is on
     }
     # The checked-in instance config (the fixture's) caps the pool at one step at a time.
     assert instance.get_concurrency_config().pool_config.default_pool_limit == 1

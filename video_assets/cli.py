@@ -253,6 +253,50 @@ def ray_service_command(args) -> int:
     return 0
 
 
+def serve_command(args) -> int:
+    """The search service on this instance's index, with the text and frame encoders behind the alias
+    (downloaded from MLflow once, like a step does); fails fast when the index does not exist yet."""
+    from resources.archive import FRAMES, TEXT
+    from video_assets.definitions import build_resources
+    from video_assets.service.app import create_app
+    from video_assets.service.server import IndexMissing, build_searcher, serve
+
+    built = build_resources()
+    res = {
+        k: built[k].process_config_and_initialize()
+        for k in ("tables", "volume", "archive", "mlflow_registry", "search_index_store")
+    }
+    archive, registry, index = res["archive"], res["mlflow_registry"], res["search_index_store"]
+    if not index.exists():
+        print(f"error: no search index at {index.uri}: run `make demo` first", file=sys.stderr)
+        return 2
+    folders = {}
+    for kind in (TEXT, FRAMES):
+        name = archive.registered_model(kind)
+        try:
+            folders[kind] = registry.download_model(name, archive.alias, Path(archive.cache_dir) / "registry")
+        except Exception as exc:
+            print(f"error: cannot load models:/{name}@{archive.alias} ({exc}): run `make demo` first", file=sys.stderr)
+            return 2
+    try:
+        searcher = build_searcher(
+            index.uri,
+            folders[TEXT][0],
+            folders[FRAMES][0],
+            text_version=folders[TEXT][1],
+            frame_version=folders[FRAMES][1],
+        )
+    except IndexMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # The ask box's LLM (LLM_BASE_URL); none configured: deterministic plans and extractive answers.
+    llm = built["llm"].process_config_and_initialize().client()
+    print(f"search index {index.uri}; LLM {llm.base_url if llm else 'none (extractive answers)'}")
+    print(f"serving on http://{args.host}:{args.port}/")
+    serve(create_app(searcher, tables=res["tables"], volume=res["volume"], llm=llm), args.host, args.port)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="video-assets", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -276,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="CPUs of the Ray cluster: caps decode workers at what engines leave",
     )
+    srv = sub.add_parser("serve", help="the search service and web page (run `make demo` first)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    srv.add_argument("--port", type=int, default=8300)
     args = parser.parse_args(argv)
     if args.command == "ray":
         return ray_service_command(args)
@@ -289,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "predict":
         return predict_command(args)
+    if args.command == "serve":
+        return serve_command(args)
     if args.command == "register":
         new = register_archive(DagsterInstance.get(), args.batch_size)
         print(f"{len(new)} new batch(es)")

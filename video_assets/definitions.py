@@ -6,10 +6,15 @@ from dagster import Definitions
 from dagster_ray.configs import Lifecycle
 
 from resources.archive import FRAMES, PACKAGED, SPEECH, TEXT, ArchiveSettings
+from resources.curation import CurationStore
 from resources.delta import DeltaTables
+from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
+from resources.search import SearchIndex
 from resources.settings import (
+    default_curation_dir,
+    default_index_uri,
     default_mlflow_artifacts,
     default_mlflow_uri,
     default_models_dir,
@@ -24,6 +29,7 @@ from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from resources.volume import VideoVolume
 from video_assets.defs import (
     captioning,
+    curation,
     embeddings,
     evaluation,
     ingest,
@@ -31,7 +37,9 @@ from video_assets.defs import (
     models,
     promotion,
     routing,
+    search,
     structuring,
+    summaries,
     transcripts,
 )
 
@@ -45,6 +53,9 @@ STAGES = (
     promotion,
     transcripts,
     embeddings,
+    summaries,
+    search,
+    curation,
     maintenance,
 )
 
@@ -64,6 +75,7 @@ def build_resources() -> dict:
             engine=env_or("VLM_ENGINE", "auto"),
             cache_dir=env_or("VLM_CACHE_DIR", default_models_dir()),
         ),
+        "search_index_store": SearchIndex(uri=env_or("VIDEO_INDEX_URI", default_index_uri())),
         "archive": ArchiveSettings(
             speech_model_source=env_or("SPEECH_MODEL_SOURCE", PACKAGED[SPEECH]),
             frame_encoder_source=env_or("FRAME_ENCODER_SOURCE", PACKAGED[FRAMES]),
@@ -71,10 +83,20 @@ def build_resources() -> dict:
             device=env_or("ARCHIVE_DEVICE", "auto"),
             cache_dir=env_or("VLM_CACHE_DIR", default_models_dir()),
         ),
+        "curation": CurationStore(
+            frames_dir=env_or("VIDEO_CURATION_FRAMES_DIR", f"{default_curation_dir()}/frames"),
+            exports_dir=env_or("VIDEO_CURATION_EXPORTS_DIR", f"{default_curation_dir()}/exports"),
+        ),
         "structurer": StructurerSettings(
             use_cases=env_or("VIDEO_USE_CASES", "object_handling"),
             model=env_or("STRUCTURER_MODEL", CAPTIONER),
             engine=env_or("STRUCTURER_ENGINE", "auto"),
+        ),
+        # An OpenAI-compatible LLM (vLLM's server) for summaries and the ask agent; none when unset.
+        "llm": LlmSettings(
+            base_url=env_or("LLM_BASE_URL", ""),
+            model=env_or("LLM_MODEL", ""),
+            api_key=env_or("LLM_API_KEY", "EMPTY"),
         ),
         # Connects to RAY_ADDRESS when set (ray.init reads it); an embedded local Ray, with Ray's
         # token authentication on and this instance's token, otherwise.

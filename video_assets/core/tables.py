@@ -6,6 +6,7 @@ import pyarrow as pa
 
 from video_assets.core.vocabulary import (
     CAPTION_STATUSES,
+    CURATION_REASONS,
     EMBEDDING_SOURCES,
     EMBEDDING_STATUSES,
     STRUCTURE_STATUSES,
@@ -30,6 +31,7 @@ TRANSCRIPTS = "transcripts"
 FRAME_EMBEDDINGS = "frame_embeddings"
 TEXT_EMBEDDINGS = "text_embeddings"
 VIDEO_SUMMARIES = "video_summaries"
+CURATED_FRAMES = "frames"
 
 # The scores every evaluation reports as columns (all of them are in the metrics JSON too).
 HEADLINE_METRICS = {
@@ -362,12 +364,54 @@ SCHEMAS[VIDEO_SUMMARIES] = pa.schema(
     ]
 )
 
+SCHEMAS[CURATED_FRAMES] = pa.schema(
+    _VIDEO
+    + [
+        pa.field("segment", pa.int32(), nullable=False, metadata={"doc": "caption segment the frame belongs to"}),
+        pa.field("frame", pa.int32(), nullable=False, metadata={"doc": "frame index within the segment"}),
+        pa.field(
+            "curation_version",
+            pa.string(),
+            nullable=False,
+            metadata={"doc": "hash of the curation config (and description prompt and model when describing)"},
+        ),
+        pa.field("timestamp_s", pa.float64(), nullable=False, metadata={"doc": "frame time (the caption's frame)"}),
+        pa.field("kept", pa.bool_(), nullable=False, metadata={"doc": "true when the frame passed every filter"}),
+        pa.field("reason", pa.string(), nullable=False, metadata={"doc": doc(CURATION_REASONS)}),
+        pa.field("sharpness", pa.float64(), metadata={"doc": "variance of the Laplacian of the luma (in the crop)"}),
+        pa.field("brightness", pa.float64(), metadata={"doc": "mean luma 0-255 (in the crop)"}),
+        pa.field("contrast", pa.float64(), metadata={"doc": "standard deviation of the luma (in the crop)"}),
+        pa.field("motion", pa.float64(), metadata={"doc": "mean abs luma difference to the previous frame, 64x36"}),
+        pa.field("crop_x0", pa.int32(), metadata={"doc": "picture without black bars: left column"}),
+        pa.field("crop_y0", pa.int32(), metadata={"doc": "top row"}),
+        pa.field("crop_x1", pa.int32(), metadata={"doc": "right column (exclusive)"}),
+        pa.field("crop_y1", pa.int32(), metadata={"doc": "bottom row (exclusive)"}),
+        pa.field("width", pa.int32(), metadata={"doc": "width of the sampled frame before cropping"}),
+        pa.field("height", pa.int32(), metadata={"doc": "height of the sampled frame before cropping"}),
+        pa.field("phash", pa.string(), metadata={"doc": "64-bit DCT perceptual hash, 16 hex characters"}),
+        pa.field("image", pa.binary(), metadata={"doc": "JPEG of the cropped frame (kept frames, image_store blob)"}),
+        pa.field("image_uri", pa.string(), metadata={"doc": "JPEG file of the cropped frame (image_store files)"}),
+        pa.field("description", pa.string(), metadata={"doc": "VLM description of a kept frame (describe on)"}),
+        pa.field("error", pa.string(), metadata={"doc": "why reason is error, or why the description failed"}),
+        pa.field("curated_at", _TS, nullable=False, metadata={"doc": "when written"}),
+    ]
+)
+
 _STRUCT_KEY_NAMES = [f.name for f in _STRUCT_KEY]
 
 # Tables whose rows belong to the upload batch of their video, and every video to one batch (raw_videos
 # assigns it): their merges and reads can be pruned to the batch without changing what they match.
 BATCH_SCOPED = frozenset(
-    {VIDEO_METADATA, CAPTIONS, STRUCTURED_EVENTS, TRANSCRIPTS, FRAME_EMBEDDINGS, TEXT_EMBEDDINGS, VIDEO_SUMMARIES}
+    {
+        VIDEO_METADATA,
+        CAPTIONS,
+        STRUCTURED_EVENTS,
+        TRANSCRIPTS,
+        FRAME_EMBEDDINGS,
+        TEXT_EMBEDDINGS,
+        VIDEO_SUMMARIES,
+        CURATED_FRAMES,
+    }
 )
 
 KEYS: dict[str, list[str]] = {
@@ -385,6 +429,7 @@ KEYS: dict[str, list[str]] = {
     FRAME_EMBEDDINGS: ["video_id", "segment", "frame", "encoder_version"],
     TEXT_EMBEDDINGS: ["video_id", "source", "segment", "source_version", "encoder_version"],
     VIDEO_SUMMARIES: ["video_id", "summarizer"],
+    CURATED_FRAMES: ["video_id", "segment", "frame", "curation_version"],
 }
 
 

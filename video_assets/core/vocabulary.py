@@ -42,6 +42,20 @@ EMBEDDING_STATUSES = (EMBEDDED, EMBED_ERROR)
 SOURCE_TRANSCRIPT, SOURCE_CAPTION = "transcript", "caption"
 EMBEDDING_SOURCES = (SOURCE_TRANSCRIPT, SOURCE_CAPTION)
 
+# frames.reason: why a sampled frame was kept or dropped by curation (checked in this order).
+CURATION_KEPT, CURATION_DARK, CURATION_WASHED_OUT, CURATION_FLAT = "kept", "dark", "washed_out", "flat"
+CURATION_BLURRY, CURATION_STATIC, CURATION_DUPLICATE, CURATION_ERROR = "blurry", "static", "duplicate", "error"
+CURATION_REASONS: dict[str, str] = {
+    CURATION_KEPT: "passed every filter",
+    CURATION_DARK: "mean luma under dark_max_brightness",
+    CURATION_WASHED_OUT: "mean luma over washed_out_min_brightness",
+    CURATION_FLAT: "luma standard deviation under min_contrast (an empty, uniform frame)",
+    CURATION_BLURRY: "Laplacian variance under min_sharpness",
+    CURATION_STATIC: "barely differs from the previous sampled frame (motion under min_motion)",
+    CURATION_DUPLICATE: "perceptual hash within duplicate_max_distance of a frame kept earlier in the video",
+    CURATION_ERROR: "the video's frames could not be decoded again; the reason is in error",
+}
+
 # Where a structured row is routed.
 ALERTS, REVIEW_QUEUE = "alerts", "review_queue"
 

@@ -51,6 +51,15 @@ STAGE_SOURCES: dict[str, tuple[str, ...]] = {
     "promotion": ("defs/promotion", "core/evaluation/gate.py"),
     "transcripts": ("defs/transcripts", "core/transcription", "core/inference/stages.py"),
     "embeddings": ("defs/embeddings", "core/embeddings", "core/inference/stages.py", "core/media/sampling.py"),
+    "summaries": ("defs/summaries", "core/qa/summaries.py", "core/qa/llm.py"),
+    "search": ("defs/search", "core/search"),
+    "curation": (
+        "defs/curation",
+        "core/curation",
+        "core/inference/stages.py",
+        "core/media/sampling.py",
+        "core/captioning/job.py",
+    ),
 }
 
 

@@ -33,12 +33,13 @@ def stream(
     rows: list[dict],
     cpu_fn: Callable[..., list[dict]] | None,
     cpu_kwargs: dict[str, Any],
-    model_stage: type,
+    model_stage: type | None,
     model_kwargs: dict[str, Any],
     spec: StageSpec,
 ) -> Iterator[dict]:
     """Run ``rows`` through ``cpu_fn`` (one input row -> any number of rows; None: no CPU stage) and
-    ``model_stage`` (an actor class called with batches); yields the model stage's rows as they come."""
+    ``model_stage`` (an actor class called with batches; None: no model stage, the CPU stage's rows come
+    out as they are); yields the last stage's rows as they come."""
     if not rows:
         return
     import ray.data
@@ -54,6 +55,9 @@ def stream(
             retry_exceptions=False,  # a Python error is already an error row
             **({"resources": spec.cpu_resources} if spec.cpu_resources else {}),
         )
+    if model_stage is None:
+        yield from ds.iter_rows()
+        return
     ds = ds.map_batches(
         model_stage,
         fn_constructor_kwargs=model_kwargs,

@@ -69,7 +69,8 @@ class Searcher(Protocol):
         before_s: float | None = None,
         k: int = 50,
     ) -> list[Hit]:
-        """Structured events matching every given filter."""
+        """Structured events matching every given filter; ``after_s``/``before_s``: the event starts at or
+        after ``after_s`` and ends at or before ``before_s``."""
         ...
 
     def video(self, video_id: str) -> list[Hit]:

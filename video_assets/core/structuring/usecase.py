@@ -36,6 +36,8 @@ class UseCase:
     max_rationale: int = 80
     max_seconds: int = 86400
     folder: Path = field(default=USE_CASES_DIR)
+    # [curation]: frame-curation thresholds (core.curation.quality.CurationConfig) and describe_prompt.
+    curation: dict[str, Any] = field(default_factory=dict)
 
     @property
     def version(self) -> str:
@@ -79,6 +81,18 @@ class UseCaseFile(_Strict):
     verdicts: _Verdicts
     routing: _Routing = _Routing()
     limits: _Limits = _Limits()
+    curation: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def curation_known(self):
+        from video_assets.core.curation.quality import CurationConfig
+
+        values = dict(self.curation)
+        prompt = values.pop("describe_prompt", "x")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("curation.describe_prompt must be a non-empty string")
+        CurationConfig.from_dict(values)  # an unknown key or a bad threshold fails here
+        return self
 
 
 @lru_cache(maxsize=32)
@@ -101,6 +115,7 @@ def load(name: str, root: Path = USE_CASES_DIR) -> UseCase:
         prompt=(folder / "prompt.txt").read_text().strip(),
         alert_threshold=cfg.routing.alert_threshold,
         folder=folder,
+        curation=dict(cfg.curation),
         **cfg.limits.model_dump(),
     )
 

@@ -1,0 +1,1 @@
+"""Question answering over the archive (an agent over the ``Searcher`` operations) and video summaries."""

@@ -1,0 +1,214 @@
+"""Curation stage: every frame the captions saw, scored and kept or dropped (with the reason), the kept
+ones cropped to their picture and stored as JPEG, optionally described by the VLM.
+
+Per batch and idempotent: a video already curated under the same ``curation_version`` (a hash of the
+thresholds, the image store and, when describing, the prompt and model version) is not curated again,
+so a second materialisation writes nothing; other thresholds are a new version whose rows sit beside
+the old ones (rows are keyed by it).
+"""
+
+import json
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Literal
+
+import polars as pl
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster_ray import RayResource
+from pydantic import Field
+
+from resources.curation import CurationStore
+from resources.delta import DeltaTables
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+from video_assets.core.captioning.job import EngineSpec
+from video_assets.core.curation.job import DEFAULT_DESCRIBE_PROMPT, curated_rows, decode_image
+from video_assets.core.curation.quality import CurationConfig
+from video_assets.core.inference.stages import StageSpec
+from video_assets.core.structuring.usecase import load as load_use_case
+from video_assets.core.tables import CAPTIONS, CURATED_FRAMES, SCHEMAS, to_arrow
+from video_assets.core.uploads.discovery import printable
+from video_assets.core.vocabulary import CAPTION_OK, CURATION_ERROR
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.captioning.runner import actor_gpus, registered_model_files
+from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
+from video_assets.defs.models.assets import production_versions
+from video_assets.defs.partitions import video_batches
+
+SHEET_VIDEOS = 4  # videos whose frames the contact sheet shows
+WRITE_EVERY = 256  # rows per Delta write (whole videos)
+
+
+class FramesConfig(Config):
+    use_case: str | None = Field(
+        default=None,
+        description="Take thresholds and the description prompt from this use case's [curation] table "
+        "(video_assets/usecases/<name>/usecase.toml); None: the defaults",
+    )
+    describe: bool = Field(default=False, description="Describe every kept frame with the VLM behind the alias")
+    image_store: Literal["blob", "files"] = Field(
+        default="blob", description="blob: JPEG bytes in the image column; files: JPEG files, path in image_uri"
+    )
+    recurate: bool = Field(default=False, description="Curate again videos this curation_version already did")
+
+    def curation(self) -> tuple[CurationConfig, str]:
+        if not self.use_case:
+            return CurationConfig(), DEFAULT_DESCRIBE_PROMPT
+        values = dict(load_use_case(self.use_case).curation)
+        prompt = values.pop("describe_prompt", DEFAULT_DESCRIBE_PROMPT)
+        return CurationConfig.from_dict(values), prompt
+
+
+@asset(
+    partitions_def=video_batches,
+    deps=[captions],
+    pool=ACCELERATOR_POOL,
+    **stage_asset("curation", CURATED_FRAMES, kinds=("ray",)),
+)
+def frames(
+    context: AssetExecutionContext,
+    config: FramesConfig,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    curation: CurationStore,
+    ray_cluster: RayResource,
+) -> MaterializeResult:
+    """Every frame the production captions saw (decoded again at the same times), scored (sharpness,
+    brightness, contrast, motion, black borders, perceptual hash) and kept or dropped with the reason
+    (dark, washed_out, flat, blurry, static, duplicate); kept frames cropped to their picture as JPEG,
+    and described by the VLM when `describe` is on."""
+    batch = context.partition_key
+    cfg, prompt = config.curation()
+    caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
+    caps = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(
+        (pl.col("model_version") == caption_model) & (pl.col("prompt_version") == caption_prompt)
+    )
+    if caps.is_empty():
+        raise Failure(f"captions has no rows for batch {batch!r} (model v{caption_model}): materialise it first")
+    engine, extra = None, {"image_store": config.image_store}
+    if config.describe:
+        model, model_version = registered_model_files(mlflow_registry, vlm, vlm.alias)
+        engine = EngineSpec("transformers", model, vlm.device, vlm.vlm_batch_size, vlm.max_new_tokens)
+        extra |= {"describe_prompt": prompt, "describer": f"{vlm.registered_model}/{model_version}"}
+    version = cfg.version(**extra)
+
+    existing = tables.batch(CURATED_FRAMES, batch, SCHEMAS[CURATED_FRAMES])
+    done = set(existing.filter(pl.col("curation_version") == version).get_column("video_id").to_list())
+    todo, skipped = [], 0
+    for (vid,), rows in caps.group_by(["video_id"], maintain_order=True):
+        ok = rows.filter((pl.col("status") == CAPTION_OK) & (pl.col("frame_timestamps").list.len() > 0))
+        if ok.is_empty():
+            skipped += 1  # no frame was sampled: nothing to curate
+            continue
+        if vid in done and not config.recurate:
+            continue
+        times = {int(r["segment"]): list(r["frame_timestamps"]) for r in ok.iter_rows(named=True)}
+        first = rows.row(0, named=True)
+        todo.append({k: first[k] for k in ("video_id", "batch_key", "uri")} | {"times": json.dumps(times)})
+    context.log.info(
+        f"batch {batch}: {len(todo)} videos to curate (curation_version {version}), {len(done)} already "
+        f"curated, {skipped} without captioned frames"
+    )
+    gpus = actor_gpus(vlm, "transformers") if engine is not None else 0.0
+    spec = StageSpec(vlm.cpu_concurrency, vlm.vlm_concurrency, gpus, vlm.vlm_batch_size)
+    expected = {v["video_id"]: sum(len(ts) for ts in json.loads(v["times"]).values()) for v in todo}
+    started, written, n_frames = time.perf_counter(), 0, 0
+    open_video: dict[str, list[dict]] = {}
+    pending: list[dict] = []
+    sheet: list[tuple[str, list]] = []
+    for row in curated_rows(todo, cfg, spec, engine, prompt):
+        vid = row["video_id"]
+        open_video.setdefault(vid, []).append(row)
+        n_frames += 1
+        if row["reason"] == CURATION_ERROR:
+            context.log.warning(f"{printable(row['uri'])}: {printable(row['error'] or '')}")
+        if len({(r["segment"], r["frame"]) for r in open_video[vid]}) >= expected.get(vid, 1):
+            done_rows = _dedupe(open_video.pop(vid))
+            if len(sheet) < SHEET_VIDEOS:
+                sheet.append((printable(done_rows[0]["uri"].rsplit("/", 1)[-1]), done_rows))
+            pending += done_rows
+        if len(pending) >= WRITE_EVERY:
+            written += _write(tables, curation, pending, version, config.image_store)
+            pending = []
+    for rows in open_video.values():  # a video Ray returned only part of: written whole anyway
+        pending += _dedupe(rows)
+    written += _write(tables, curation, pending, version, config.image_store)
+    wall_s = time.perf_counter() - started
+
+    out = tables.batch(CURATED_FRAMES, batch, SCHEMAS[CURATED_FRAMES]).filter(pl.col("curation_version") == version)
+    reasons = {k: int(v) for k, v in out.group_by("reason").len().sort("reason").iter_rows()}
+    return MaterializeResult(
+        data_version=DataVersion(f"curation-{version}"),
+        metadata={
+            **table_metadata(
+                tables.table_uri(CURATED_FRAMES),
+                out,
+                tables.row_count(CURATED_FRAMES),
+                ["uri", "segment", "frame", "timestamp_s", "kept", "reason", "sharpness", "brightness", "motion"],
+            ),
+            **_sheet(sheet),
+            "curation_version": MetadataValue.text(version),
+            "curation_config": MetadataValue.json({**asdict(cfg), **extra}),
+            "rows_by_reason": MetadataValue.json(reasons),
+            "frames_kept": MetadataValue.int(int(out.get_column("kept").sum()) if out.height else 0),
+            "videos_curated": MetadataValue.int(len(todo)),
+            "videos_cached": MetadataValue.int(len(done)),
+            "rows_written": MetadataValue.int(written),
+            "job_wall_s": MetadataValue.float(round(wall_s, 3)),
+            "frames_per_s": MetadataValue.float(round(n_frames / wall_s, 2) if n_frames else 0.0),
+        },
+    )
+
+
+def _dedupe(rows: list[dict]) -> list[dict]:
+    """One row per (segment, frame): a retried Ray task may deliver a video twice."""
+    return list({(int(r["segment"]), int(r["frame"])): r for r in rows}.values())
+
+
+def _write(tables: DeltaTables, store: CurationStore, rows: list[dict], version: str, image_store: str) -> int:
+    """Whole videos at a time: their rows for this curation version replaced in one commit (image files
+    first, so a row never names a file that is not there)."""
+    if not rows:
+        return 0
+    now = datetime.now(UTC)
+    cols = [f.name for f in SCHEMAS[CURATED_FRAMES]]
+    full = []
+    for r in rows:
+        row = {c: r.get(c) for c in cols} | {"curation_version": version, "curated_at": now, "image_uri": None}
+        row["error"] = row["error"] or None
+        if image_store == "files" and row["image"]:
+            path = store.frame_path(version, r["video_id"], int(r["segment"]), int(r["frame"]))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(row["image"])
+            tmp.replace(path)
+            row["image"], row["image_uri"] = None, str(path)
+        full.append(row)
+    selection = {
+        "batch_key": sorted({r["batch_key"] for r in full}),
+        "video_id": sorted({r["video_id"] for r in full}),
+        "curation_version": [version],
+    }
+    tables.replace_where(CURATED_FRAMES, to_arrow(CURATED_FRAMES, full), selection)
+    return len(full)
+
+
+def _sheet(videos: list[tuple[str, list[dict]]]) -> dict:
+    """A contact sheet of a few videos' frames: kept framed green, dropped red with the reason."""
+    from video_assets.core.charts import markdown_image
+    from video_assets.core.curation.sheet import contact_sheet
+
+    rows = []
+    for name, frames_ in videos:
+        items = [
+            (decode_image(r["thumb"]), float(r["timestamp_s"]), r["reason"], bool(r["kept"]))
+            for r in sorted(frames_, key=lambda r: r["timestamp_s"])
+            if r.get("thumb")
+        ]
+        if items:
+            rows.append((name, items))
+    if not rows:
+        return {}
+    return {"contact_sheet": MetadataValue.md(markdown_image(contact_sheet(rows), "kept (green) and dropped frames"))}

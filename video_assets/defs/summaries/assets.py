@@ -1,0 +1,164 @@
+"""Summaries stage asset: one summary per video of a batch, from its captions (production model and
+prompt), its transcript (speech model behind the alias) and its parsed events, merged in time order into
+``[mm:ss]`` lines. Extractive without an LLM; map-reduce by the OpenAI-compatible LLM (``LLM_BASE_URL``)
+with one. Idempotent: a video whose input rows (and summarizer) are unchanged is not summarised again."""
+
+import hashlib
+from datetime import UTC, datetime
+
+import polars as pl
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from pydantic import Field
+
+from resources.archive import SPEECH, ArchiveSettings
+from resources.delta import DeltaTables
+from resources.llm import LlmSettings
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
+from video_assets.core.qa import summaries as summ
+from video_assets.core.qa.llm import LlmUnavailable
+from video_assets.core.tables import CAPTIONS, SCHEMAS, STRUCTURED_EVENTS, TRANSCRIPTS, VIDEO_SUMMARIES, to_arrow
+from video_assets.core.uploads.discovery import printable
+from video_assets.core.vocabulary import ANSWERED
+from video_assets.defs.captioning.assets import captions
+from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.models.assets import production_versions
+from video_assets.defs.partitions import video_batches
+from video_assets.defs.structuring.assets import structured_events
+from video_assets.defs.transcripts.assets import transcripts
+
+EXTRACTIVE = "extractive"
+
+
+class SummariesConfig(Config):
+    max_lines: int = Field(default=12, ge=1, description="Extractive: lines kept (events always are)")
+    chunk_chars: int = Field(default=6000, ge=200, description="LLM: timeline characters per map step")
+    resummarize: bool = Field(default=False, description="Summarise again videos whose inputs did not change")
+
+
+@asset(
+    partitions_def=video_batches,
+    deps=[captions, transcripts, structured_events],
+    **stage_asset("summaries", VIDEO_SUMMARIES, kinds=("mlflow",)),
+)
+def video_summaries(
+    context: AssetExecutionContext,
+    config: SummariesConfig,
+    vlm: VlmSettings,
+    archive: ArchiveSettings,
+    llm: LlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+) -> MaterializeResult:
+    """What happens in each video of the batch, with ``[mm:ss]`` times: every event, and captions and
+    speech spread over the video (extractive), or an LLM's map-reduce summary of the whole timeline."""
+    batch = context.partition_key
+    caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
+    caps = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(
+        (pl.col("model_version") == caption_model) & (pl.col("prompt_version") == caption_prompt)
+    )
+    if caps.is_empty():
+        raise Failure(f"captions has no rows for batch {batch!r} (model v{caption_model}): materialise it first")
+    speech_version = mlflow_registry.alias_version("model", archive.registered_model(SPEECH), archive.alias)
+    if speech_version is None:
+        context.log.warning("no speech model behind the alias: summaries without transcripts")
+        said = pl.DataFrame(schema=pl.from_arrow(SCHEMAS[TRANSCRIPTS].empty_table()).schema)
+    else:
+        said = tables.batch(TRANSCRIPTS, batch, SCHEMAS[TRANSCRIPTS]).filter(pl.col("model_version") == speech_version)
+    events = _latest_events(
+        tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
+            (pl.col("model_version") == caption_model)
+            & (pl.col("prompt_version") == caption_prompt)
+            & pl.col("status").is_in(list(ANSWERED))
+        )
+    )
+
+    client = llm.client()
+    summarizer = EXTRACTIVE
+    if client is not None:
+        try:
+            summarizer = f"llm:{client.check()}"
+        except LlmUnavailable as exc:
+            raise Failure(str(exc), allow_retries=False) from exc
+    method = f"{summarizer}|lines={config.max_lines}" if client is None else f"{summarizer}|chars={config.chunk_chars}"
+
+    existing = tables.batch(VIDEO_SUMMARIES, batch, SCHEMAS[VIDEO_SUMMARIES]).filter(pl.col("summarizer") == summarizer)
+    have = dict(existing.select("video_id", "inputs_version").iter_rows())
+    rows, unchanged, n_chunks, versions = [], 0, 0, []
+    for (vid,), vcaps in caps.sort("segment").group_by(["video_id"], maintain_order=True):
+        inputs = (
+            vcaps.to_dicts(),
+            said.filter(pl.col("video_id") == vid).to_dicts(),
+            events.filter(pl.col("video_id") == vid).to_dicts(),
+        )
+        version = summ.inputs_version(*inputs, method=method)
+        versions.append(version)
+        if have.get(vid) == version and not config.resummarize:
+            unchanged += 1
+            continue
+        lines = summ.timeline(*inputs)
+        first = vcaps.row(0, named=True)
+        if client is None:
+            text, parts = summ.extractive_summary(lines, config.max_lines), 1 if lines else 0
+        else:
+            try:
+                text, parts = summ.llm_summary(lines, client, config.chunk_chars)
+            except LlmUnavailable as exc:
+                raise Failure(str(exc), allow_retries=False) from exc
+        n_chunks += parts
+        rows.append(
+            {
+                "video_id": vid,
+                "batch_key": first["batch_key"],
+                "uri": first["uri"],
+                "summarizer": summarizer,
+                "summary": text,
+                "start_s": min((x.start_s for x in lines), default=None),
+                "end_s": max((x.end_s for x in lines), default=None),
+                "chunks": parts,
+                "inputs_version": version,
+                "summarized_at": datetime.now(UTC),
+            }
+        )
+        context.log.info(f"{printable(first['uri'].rsplit('/', 1)[-1])}: {len(lines)} lines, {parts} chunk(s)")
+    if rows:
+        tables.replace_where(
+            VIDEO_SUMMARIES,
+            to_arrow(VIDEO_SUMMARIES, rows),
+            {"batch_key": [batch], "video_id": sorted(r["video_id"] for r in rows), "summarizer": [summarizer]},
+        )
+
+    out = tables.batch(VIDEO_SUMMARIES, batch, SCHEMAS[VIDEO_SUMMARIES]).filter(pl.col("summarizer") == summarizer)
+    example = rows[0] if rows else (out.row(0, named=True) if out.height else None)
+    return MaterializeResult(
+        data_version=DataVersion(hashlib.sha256("".join(sorted(versions)).encode()).hexdigest()[:16]),
+        metadata={
+            **table_metadata(
+                tables.table_uri(VIDEO_SUMMARIES),
+                out,
+                tables.row_count(VIDEO_SUMMARIES),
+                ["uri", "summarizer", "chunks", "start_s", "end_s", "summary"],
+            ),
+            "summarizer": MetadataValue.text(summarizer),
+            "videos_summarized": MetadataValue.int(len(rows)),
+            "videos_unchanged": MetadataValue.int(unchanged),
+            "chunks": MetadataValue.int(n_chunks),
+            "rows_written": MetadataValue.int(len(rows)),
+            "example_summary": MetadataValue.md(
+                f"**{printable(example['uri'].rsplit('/', 1)[-1])}**\n\n```\n{_printable_lines(example['summary'])}\n```"
+                if example
+                else "_no summary_"
+            ),
+        },
+    )
+
+
+def _latest_events(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per (video, segment, use case), the latest structuring (a newer use-case version or structurer wins)."""
+    if rows.is_empty():
+        return rows
+    return rows.sort("structured_at").unique(["video_id", "segment", "use_case"], keep="last", maintain_order=True)
+
+
+def _printable_lines(text: str) -> str:
+    return "\n".join(printable(line) for line in text.splitlines())

@@ -1,0 +1,288 @@
+"""The HTTP service over the search index: JSON endpoints, thumbnails, the videos themselves (with HTTP
+Range, so a ``<video>`` element seeks) and the web page.
+
+FastAPI under uvicorn rather than Ray Serve: a laptop user runs one small process, bound to 127.0.0.1,
+with no cluster to start; the searcher is plain Python in that process (LanceDB embedded, MiniLM on the
+CPU); OpenAPI (``/openapi.json``) and its docs (``/docs``) come built in. Ray Serve pays off when the
+models need replicas on GPUs across nodes, which a query encoder of this size does not.
+
+This module imports no Dagster: ``tables`` is anything with ``read(name)`` returning a polars frame
+(``resources.delta.DeltaTables``), ``volume`` anything with ``open(uri)`` returning a seekable binary
+stream (``resources.volume.VideoVolume``); without a volume a registered uri is opened as a local path.
+Videos are only ever looked up by id in ``raw_videos``: no path comes from a request.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from email.parser import BytesParser
+from email.policy import HTTP
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+
+from video_assets.core.search.api import Hit
+from video_assets.core.search.index import DEPTH, MAX_K, SOURCES
+
+STATIC = Path(__file__).resolve().parent / "static"
+THUMB_WIDTH = 320
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+CHUNK = 256 * 1024
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+
+
+def _hits(hits: list[Hit]) -> dict:
+    return {"count": len(hits), "hits": [h.to_dict() for h in hits]}
+
+
+class Videos:
+    """video_id -> registered uri, from ``raw_videos`` (re-read when an id is not known yet)."""
+
+    def __init__(self, tables):
+        self.tables = tables
+        self._uris: dict[str, str] = {}
+
+    def _load(self) -> None:
+        if self.tables is None:
+            return
+        df = self.tables.read("raw_videos")
+        if not df.is_empty():
+            self._uris = dict(zip(df.get_column("video_id").to_list(), df.get_column("uri").to_list(), strict=True))
+
+    def uri(self, video_id: str) -> str | None:
+        if video_id not in self._uris:
+            self._load()
+        return self._uris.get(video_id)
+
+
+def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
+    """The app: ``app.state.searcher`` is ``searcher``, every extra keyword is stored on ``app.state``
+    (the ask router reads ``app.state.llm``); ``video_assets.service.ask.router`` is mounted when that
+    module exists."""
+    app = FastAPI(
+        title="video-assets search",
+        description="Hybrid search over the video archive's transcripts, captions, frames and events.",
+        version="1",
+    )
+    app.state.searcher = searcher
+    app.state.tables = tables
+    app.state.volume = volume
+    for key, value in state.items():
+        setattr(app.state, key, value)
+    videos = Videos(tables)
+    api = APIRouter(prefix="/api")
+
+    def registered(video_id: str) -> str:
+        uri = videos.uri(video_id)
+        if uri is None:
+            raise HTTPException(404, f"unknown video_id {video_id!r}")
+        return uri
+
+    def known(video_id: str) -> None:
+        has_video = getattr(searcher, "has_video", lambda _: False)
+        if videos.uri(video_id) is None and not has_video(video_id):
+            raise HTTPException(404, f"unknown video_id {video_id!r}")
+
+    def open_video(uri: str):
+        if volume is not None:
+            return volume.open(uri)
+        return open(uri.removeprefix("file://"), "rb")
+
+    @api.get("/search", summary="Hybrid lexical + semantic search (weighted reciprocal rank fusion)")
+    def search(
+        q: str = Query(..., description="the query"),
+        k: int = Query(10, description=f"hits per page, 1..{MAX_K}"),
+        offset: int = Query(0, description=f"hits to skip (offset + k <= {DEPTH})"),
+        sources: str = Query("transcript,caption", description=f"comma-separated, of {', '.join(SOURCES)}"),
+        w_lexical: float | None = Query(None, description="weight of the BM25 ranking (default 1)"),
+        w_semantic: float | None = Query(None, description="weight of the vector ranking (default 1)"),
+        video_id: str | None = Query(None, description="only this video"),
+    ) -> dict:
+        if not q.strip():
+            raise HTTPException(422, "q is empty")
+        if not 1 <= k <= MAX_K:
+            raise HTTPException(422, f"k must be between 1 and {MAX_K}")
+        if offset < 0 or offset + k > DEPTH:
+            raise HTTPException(422, f"offset must be >= 0 and offset + k <= {DEPTH}")
+        wanted = tuple(s.strip() for s in sources.split(",") if s.strip())
+        unknown = [s for s in wanted if s not in SOURCES]
+        if unknown or not wanted:
+            raise HTTPException(422, f"unknown source(s) {unknown}: choose from {list(SOURCES)}")
+        if video_id is not None:
+            known(video_id)
+        try:
+            hits = searcher.search_text(
+                q, k=k, offset=offset, sources=wanted, video_id=video_id, w_lexical=w_lexical, w_semantic=w_semantic
+            )
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        return {"query": q, "k": k, "offset": offset, **_hits(hits)}
+
+    @api.get("/window", summary="Transcript segments and captions overlapping a time window")
+    def window(video_id: str, start_s: float, end_s: float) -> dict:
+        if end_s < start_s:
+            raise HTTPException(422, "end_s is before start_s")
+        known(video_id)
+        return _hits(searcher.search_window(video_id, start_s, end_s))
+
+    @api.get("/frames/similar", summary="Frames nearest to a stored frame (the one nearest t)")
+    def similar(video_id: str, t: float = 0.0, k: int = 10) -> dict:
+        if not 1 <= k <= MAX_K:
+            raise HTTPException(422, f"k must be between 1 and {MAX_K}")
+        known(video_id)
+        return _hits(searcher.similar_frames(video_id, t, k))
+
+    @api.post("/frames/similar", summary="Frames nearest to an uploaded image (multipart field 'image', or raw)")
+    async def similar_image(request: Request, k: int = 10) -> dict:
+        if not 1 <= k <= MAX_K:
+            raise HTTPException(422, f"k must be between 1 and {MAX_K}")
+        body = await request.body()
+        if len(body) > MAX_UPLOAD_BYTES:
+            raise HTTPException(413, f"image over {MAX_UPLOAD_BYTES} bytes")
+        data = _uploaded_image(request.headers.get("content-type", ""), body)
+        try:
+            from PIL import Image
+
+            image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        except Exception as exc:
+            raise HTTPException(422, f"not a readable image: {exc.__class__.__name__}") from exc
+        if getattr(searcher, "frame_encoder", None) is None:
+            raise HTTPException(503, "no frame encoder loaded: image search is off")
+        return _hits(searcher.similar_to_image(image, k))
+
+    @api.get("/events", summary="Structured events matching every filter")
+    def events(
+        use_case: str | None = None,
+        verdict: str | None = None,
+        min_confidence: float | None = None,
+        after_s: float | None = None,
+        before_s: float | None = None,
+        video_id: str | None = None,
+        k: int = 50,
+    ) -> dict:
+        if not 1 <= k <= 1000:
+            raise HTTPException(422, "k must be between 1 and 1000")
+        if min_confidence is not None and not 0 <= min_confidence <= 1:
+            raise HTTPException(422, "min_confidence must be within 0..1")
+        if after_s is not None and before_s is not None and before_s < after_s:
+            raise HTTPException(422, "before_s is before after_s")
+        found = searcher.events(use_case, verdict, min_confidence, after_s, before_s, k, video_id=video_id)
+        return _hits(found)
+
+    @api.get("/videos/{video_id}", summary="Everything indexed for one video, in time order")
+    def video(video_id: str) -> dict:
+        known(video_id)
+        return {"video_id": video_id, "uri": videos.uri(video_id), **_hits(searcher.video(video_id))}
+
+    @lru_cache(maxsize=256)
+    def thumbnail_bytes(video_id: str, t_ms: int) -> bytes:
+        from video_assets.core.media.thumbnails import frame_jpeg
+
+        with open_video(registered(video_id)) as stream:
+            return frame_jpeg(stream, t_ms / 1000.0, THUMB_WIDTH)
+
+    @api.get("/videos/{video_id}/thumbnail", summary="JPEG of the frame at t (seconds)")
+    def thumbnail(video_id: str, t: float = 0.0) -> Response:
+        registered(video_id)
+        if t < 0:
+            raise HTTPException(422, "t must be >= 0")
+        try:
+            data = thumbnail_bytes(video_id, int(round(t * 1000 / 100)) * 100)  # cached per 0.1 s
+        except (OSError, ValueError) as exc:
+            raise HTTPException(422, f"no frame at t={t}: {exc}") from exc
+        return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
+
+    @api.get("/videos/{video_id}/file", summary="The video's bytes (HTTP Range honoured)")
+    def file(video_id: str, request: Request) -> Response:
+        uri = registered(video_id)
+        stream = open_video(uri)
+        size = stream.seek(0, io.SEEK_END)
+        media = _media_type(uri)
+        headers = {"Accept-Ranges": "bytes"}
+        rng = request.headers.get("range")
+        start, end, status = 0, size - 1, 200
+        if rng:
+            m = _RANGE.match(rng.strip())
+            if not m or (not m.group(1) and not m.group(2)):
+                stream.close()
+                return Response(status_code=416, headers={"Content-Range": f"bytes */{size}"})
+            if m.group(1):
+                start = int(m.group(1))
+                end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
+            else:  # the last N bytes
+                start, end = max(0, size - int(m.group(2))), size - 1
+            if start >= size or end < start:
+                stream.close()
+                return Response(status_code=416, headers={"Content-Range": f"bytes */{size}"})
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        headers["Content-Length"] = str(end - start + 1)
+
+        def body():
+            try:
+                stream.seek(start)
+                left = end - start + 1
+                while left > 0:
+                    chunk = stream.read(min(CHUNK, left))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+                    yield chunk
+            finally:
+                stream.close()
+
+        return StreamingResponse(body(), status_code=status, media_type=media, headers=headers)
+
+    app.include_router(api)
+    try:  # the question-answering endpoint, when that module is present
+        from video_assets.service.ask import router as ask_router
+    except ModuleNotFoundError as exc:
+        if exc.name != "video_assets.service.ask":
+            raise
+    else:
+        app.include_router(ask_router)
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.exception_handler(HTTPException)
+    async def _reason(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    return app
+
+
+def _uploaded_image(content_type: str, body: bytes) -> bytes:
+    """The image bytes of a multipart/form-data upload (field ``image``, or the first file), or the raw
+    body for any other content type (parsed with the standard library: no extra dependency)."""
+    if not content_type.lower().startswith("multipart/"):
+        if not body:
+            raise HTTPException(422, "no image in the request body")
+        return body
+    message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body)
+    parts = [p for p in message.iter_parts() if p.get_content_disposition() == "form-data"]
+    named = [p for p in parts if p.get_param("name", header="content-disposition") == "image"]
+    for part in named or [p for p in parts if p.get_filename()]:
+        data = part.get_payload(decode=True)
+        if data:
+            return data
+    raise HTTPException(422, "no 'image' file in the multipart upload")
+
+
+def _media_type(uri: str) -> str:
+    ext = uri.rsplit(".", 1)[-1].lower()
+    return {
+        "mp4": "video/mp4",
+        "m4v": "video/mp4",
+        "mov": "video/quicktime",
+        "webm": "video/webm",
+        "mkv": "video/x-matroska",
+        "avi": "video/x-msvideo",
+        "mpg": "video/mpeg",
+        "mpeg": "video/mpeg",
+    }.get(ext, "application/octet-stream")
