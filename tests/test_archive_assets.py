@@ -10,12 +10,16 @@ import pytest
 from dagster import materialize
 
 from resources.archive import TEXT, ArchiveSettings, assemble_packaged
+from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
+from resources.search import SearchIndex
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
 from tests.fixtures.speech import speech_clip
+from video_assets.core.embeddings.text import TextEncoder
 from video_assets.core.models.tiny_clip import build_tiny_clip
+from video_assets.core.search.index import LanceSearcher
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.embeddings import embedding_checks
 from video_assets.defs.embeddings.assets import frame_embeddings, text_embeddings
@@ -23,11 +27,13 @@ from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.models.assets import ARCHIVE_MODELS, caption_prompt, frame_encoder, text_encoder, vlm_model
 from video_assets.defs.partitions import video_batches
+from video_assets.defs.search.assets import search_index
+from video_assets.defs.summaries.assets import video_summaries
 from video_assets.defs.transcripts.assets import transcripts
 
 CLIPS = ["realshort.mp4", "asl_eat.mkv", "fire2.mp4"]  # audio, no audio stream, audio
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 6, "min_frames": 3}}}}
-ARCHIVE_TABLES = ("transcripts", "frame_embeddings", "text_embeddings")
+ARCHIVE_TABLES = ("transcripts", "frame_embeddings", "text_embeddings", "video_summaries")
 
 
 @pytest.mark.slow
@@ -41,6 +47,8 @@ def test_archive_assets_for_a_batch(instance, resources, volume_dir, tiny_model_
         ),
         "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=12, vlm_batch_size=2),
         "archive": ArchiveSettings(cache_dir=str(tmp_path / "models"), device="cpu"),
+        "search_index_store": SearchIndex(uri=str(tmp_path / "search_index")),
+        "llm": LlmSettings(),  # none: extractive summaries
         "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
     }
     plan = register_new_files(res["volume"], res["tables"])
@@ -52,17 +60,24 @@ def test_archive_assets_for_a_batch(instance, resources, volume_dir, tiny_model_
     assert materialize([captions], partition_key=key, instance=instance, resources=res, run_config=RUN_CONFIG).success
     archive = [transcripts, frame_embeddings, text_embeddings]
 
-    def run():
+    def run(extra=()):
         result = materialize(
-            [*archive, *embedding_checks], partition_key=key, instance=instance, resources=res, raise_on_error=False
+            [*archive, *extra, *embedding_checks],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+            raise_on_error=False,
         )
         assert result.success
         failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
         assert not failed
-        return {a.key.path[-1]: result.asset_materializations_for_node(a.key.path[-1])[0].metadata for a in archive}
+        return {
+            a.key.path[-1]: result.asset_materializations_for_node(a.key.path[-1])[0].metadata
+            for a in (*archive, *extra)
+        }
 
     tables = res["tables"]
-    first = run()
+    first = run(extra=(video_summaries, search_index))
     said = pl.read_delta(tables.table_uri("transcripts")).with_columns(name=pl.col("uri").str.split("/").list.last())
     assert set(said["name"]) == {*CLIPS, "spoken.mp4"}  # every video has rows
     assert said.filter(pl.col("name") == "asl_eat.mkv")["status"].to_list() == ["no_audio"]
@@ -92,9 +107,23 @@ def test_archive_assets_for_a_batch(instance, resources, volume_dir, tiny_model_
     assert spoken_rows["start_s"].to_list() == spoken.sort("segment")["start_s"].to_list()
     assert set(texts["dim"]) == {384}
 
+    # The pipeline's own output is searchable: the spoken words find the spoken clip's segment, and the
+    # summary of a clip carries its times.
+    summaries = pl.read_delta(tables.table_uri("video_summaries"))
+    assert summaries.height == len(CLIPS) + 1 and summaries["summary"].str.contains(r"\[\d\d:\d\d").all()
+    searcher = LanceSearcher(
+        res["search_index_store"].uri,
+        TextEncoder(assemble_packaged(TEXT, tmp_path / "minilm")),
+        text_version=first["text_embeddings"]["encoder_version"].value,
+    )
+    [top, *_] = searcher.search_text("where is the milk kept", k=3)
+    assert top.uri.endswith("spoken.mp4") and top.source == "transcript" and "fridge" in top.text.lower()
+    assert top.start_s >= 1.0  # after the clip's silent lead
+    assert first["search_index"]["dagster/uri"]
+
     # Materialised again: nothing to do, no commit on any table.
     versions = {t: tables.version(t) for t in ARCHIVE_TABLES}
-    again = run()
+    again = run(extra=(video_summaries, search_index))
     assert {t: tables.version(t) for t in ARCHIVE_TABLES} == versions
     assert again["transcripts"]["videos_cached"].value == len(CLIPS) + 1
     assert again["frame_embeddings"]["videos_embedded"].value == 0
