@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from dagster import materialize
 
-from resources.archive import TEXT, ArchiveSettings, assemble_packaged
+from resources.archive import FRAMES, TEXT, ArchiveSettings, assemble_packaged
 from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
@@ -17,7 +17,9 @@ from resources.search import SearchIndex
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
 from tests.fixtures.speech import speech_clip
+from video_assets.core.embeddings.job import load_frame_encoder
 from video_assets.core.embeddings.text import TextEncoder
+from video_assets.core.media.sampling import SamplingConfig, sample_video
 from video_assets.core.models.tiny_clip import build_tiny_clip
 from video_assets.core.search.index import LanceSearcher
 from video_assets.defs.captioning.assets import captions
@@ -120,6 +122,24 @@ def test_archive_assets_for_a_batch(instance, resources, volume_dir, tiny_model_
     assert top.uri.endswith("spoken.mp4") and top.source == "transcript" and "fridge" in top.text.lower()
     assert top.start_s >= 1.0  # after the clip's silent lead
     assert first["search_index"]["dagster/uri"]
+    # Frames like a frame: its own clip's frames first, by the stored vectors and by an uploaded image.
+    frame_searcher = LanceSearcher(
+        res["search_index_store"].uri,
+        searcher.text_encoder,
+        frame_encoder=load_frame_encoder(assemble_packaged(FRAMES, tmp_path / "effnet")),
+        text_version=first["text_embeddings"]["encoder_version"].value,
+        frame_version=first["frame_embeddings"]["encoder_version"].value,
+    )
+    fire = frames.filter(pl.col("uri").str.ends_with("fire2.mp4")).sort("timestamp_s")
+    near = frame_searcher.similar_frames(fire["video_id"][0], fire["timestamp_s"][1], k=fire.height - 1)
+    assert fire.height >= 3 and [h.uri.rsplit("/", 1)[-1] for h in near] == ["fire2.mp4"] * (fire.height - 1)
+    upload = (
+        sample_video(str(volume_dir / "realshort.mp4"), SamplingConfig(min_frames=3, max_frames=3))
+        .segments[0]
+        .frames[1]
+    )
+    [like, *_] = frame_searcher.similar_to_image(upload, k=3)
+    assert like.uri.endswith("realshort.mp4")
 
     # Materialised again: nothing to do, no commit on any table.
     versions = {t: tables.version(t) for t in ARCHIVE_TABLES}

@@ -296,3 +296,22 @@ def test_event_text_and_empty_inputs():
     assert ix.event_text(None, "falls", " ") == "falls"
     assert ix.text_rows(pl.from_arrow(SCHEMAS[TEXT_EMBEDDINGS].empty_table())) is None
     assert ix.event_rows(structured_rows().head(0), lambda t: np.zeros((len(t), 3)), "1") is None
+
+
+def test_a_thumbnail_is_the_frame_the_model_saw_upright():
+    """fire2.mp4 is stored upside down (display rotation -180): its thumbnail at a caption frame's time is
+    that frame as sampled (upright), not the stored picture."""
+    import io
+
+    from PIL import Image
+
+    from video_assets.core.media.sampling import SamplingConfig, sample_video
+    from video_assets.core.media.thumbnails import frame_jpeg
+
+    clip = ix.Path(__file__).resolve().parents[1] / "samples" / "fire2.mp4"
+    seg = sample_video(str(clip), SamplingConfig(max_frames=8)).segments[0]
+    t, sampled = seg.timestamps[3], seg.frames[3]
+    thumb = np.asarray(Image.open(io.BytesIO(frame_jpeg(str(clip), t))).convert("RGB"), np.float32)
+    seen = np.asarray(Image.fromarray(sampled).resize(thumb.shape[1::-1]), np.float32)
+    upright, flipped = np.abs(thumb - seen).mean(), np.abs(thumb - seen[::-1, ::-1]).mean()
+    assert upright < 12 and upright < flipped / 2, (upright, flipped)
