@@ -416,6 +416,14 @@ def test_ui_shows_graph_lineage_and_metadata(playwright_api, operator):  # brows
             for group in sorted({graph.get(k).group_name for k in graph.get_all_asset_keys()}):
                 expect(page.get_by_text(group, exact=True).first).to_be_visible()
             page.keyboard.press("Alt+e")
+            # The UI renders only the nodes inside the view: zoom out (its own button) until the whole
+            # graph is in it.
+            zoom_out = page.get_by_role("button", name="zoom_out")
+            for _ in range(8):
+                if all(_node(page, name).count() for name in all_assets):
+                    break
+                zoom_out.click()
+                page.wait_for_timeout(400)
             for name in all_assets:
                 expect(_node(page, name)).to_be_visible()
             edge_paths = page.locator("svg path[marker-end]")  # each dependency is an arrowed path
