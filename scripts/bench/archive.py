@@ -19,11 +19,37 @@ GOLDEN = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "golden
 BUNDLED_GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "video_assets" / "usecases" / "object_handling"
 
 
+SPOKEN = [
+    "A person walks into the shop and picks up a green bottle from the second shelf.",
+    "She reads the label, puts the bottle back and takes a smaller one instead.",
+    "At the counter the clerk scans the bottle and asks whether she needs a bag.",
+    "She pays with a card, thanks the clerk and leaves through the side door.",
+] * 3
+
+
 def rows(clips: list[pathlib.Path], work: pathlib.Path) -> list[dict]:
-    return [_speech(clips, work), _frames(clips, work), _text(work)]
+    out = [_speech(clips, work, "corpus clips with audio (no speech in them)")]
+    spoken = _spoken_clip(work)
+    if spoken is not None:
+        out.append(_speech([spoken], work, "generated speech (espeak-ng)"))
+    return out + [_frames(clips, work), _text(work)]
 
 
-def _speech(clips, work) -> dict:
+def _spoken_clip(work: pathlib.Path) -> pathlib.Path | None:
+    """About 50 s of espeak-ng speech muxed under sample frames (the speech tests' clip, longer)."""
+    import shutil
+
+    if not shutil.which("espeak-ng"):
+        return None
+    from tests.fixtures.speech import speech_clip
+
+    path = work / "spoken.mp4"
+    if not path.exists():
+        speech_clip(path, SPOKEN, lead_s=1.0)
+    return path
+
+
+def _speech(clips, work, what: str) -> dict:
     from video_assets.core.transcription.audio import decode_audio
     from video_assets.core.transcription.whisper import Transcriber
 
@@ -47,7 +73,7 @@ def _speech(clips, work) -> dict:
         audio_s += track.duration_s
         n += 1
     return {
-        "measurement": f"transcribe {n} clips with audio, {audio_s:.0f} s of audio",
+        "measurement": f"transcribe {what}: {n} clips, {audio_s:.0f} s of audio",
         "ours_s": busy_s,
         "baseline": "the audio's duration (real time)",
         "baseline_s": audio_s,
