@@ -18,6 +18,7 @@ from pydantic import Field
 
 from resources.vlm import folder_digest, looks_like_path
 from video_assets.core.embeddings.job import EFFICIENTNET_LITE0
+from video_assets.core.inference.stages import StageSpec
 
 SPEECH, FRAMES, TEXT = "speech", "frames", "text"
 KINDS = (SPEECH, FRAMES, TEXT)
@@ -66,6 +67,12 @@ class ArchiveSettings(ConfigurableResource):
             gpus = 1.0 if self.device != "cpu" and (cluster_gpus or 0) > 0 else 0.0
         device = self.device if self.device != "auto" else ("cuda" if gpus > 0 else "cpu")
         return device, gpus
+
+    def stage_spec(self, cluster_gpus: float | None, batch_size: int) -> tuple[StageSpec, str]:
+        """The Ray job shape of an archive stage (decode width, model actors and their GPUs), and the
+        actors' device."""
+        device, gpus = self.actor_placement(cluster_gpus)
+        return StageSpec(self.cpu_concurrency, self.model_concurrency, gpus, batch_size), device
 
     def registered_model(self, kind: str) -> str:
         return f"{self.registered_prefix}-{kind}"

@@ -62,3 +62,22 @@ def captioned_ok(
     if split is not None:
         done = done.filter(pl.col("split").is_null() | (pl.col("split") == split))
     return done.get_column("video_id").to_list()
+
+
+def caption_source_version(model_version: str, prompt_version: int) -> str:
+    """How rows derived from a caption name the caption pair they came from (``text_embeddings.source_version``)."""
+    return f"{model_version}/{prompt_version}"
+
+
+def caption_frames(caps: pl.DataFrame) -> list[dict]:
+    """Per video of ``caps`` (one caption pair's rows), in first-seen order: its ids and the frame times
+    each ok segment's caption saw (``times``: segment -> times; empty when no segment has frames, with
+    ``reason`` saying why). What later stages decode again, so their frames are the captions' own."""
+    out = []
+    for (_,), rows in caps.group_by(["video_id"], maintain_order=True):
+        ok = rows.filter((pl.col("status") == CAPTION_OK) & (pl.col("frame_timestamps").list.len() > 0))
+        first = rows.row(0, named=True)
+        times = {int(r["segment"]): list(r["frame_timestamps"]) for r in ok.iter_rows(named=True)}
+        reason = None if times else f"no captioned frames: {first['error'] or first['status']}"
+        out.append({k: first[k] for k in ("video_id", "batch_key", "uri")} | {"times": times, "reason": reason})
+    return out

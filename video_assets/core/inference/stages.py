@@ -78,6 +78,11 @@ def node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+def one_per(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """One row per ``keys`` (the last wins): a retried Ray task may deliver its rows twice."""
+    return list({tuple(r[k] for k in keys): r for r in rows}.values())
+
+
 def columns(rows: list[dict]) -> dict[str, list]:
     """A batch (column -> values) from rows that all have the same keys."""
     return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}

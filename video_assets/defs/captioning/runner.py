@@ -13,7 +13,7 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.settings import ray_outlives_steps
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
-from video_assets.core.captioning.versions import split_key
+from video_assets.core.captioning.versions import caption_versions, split_key
 from video_assets.core.inference import choose_engine_name
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import check_frames
@@ -169,3 +169,22 @@ def _write(tables: DeltaTables, rows: list[dict], stamp: dict, split: str) -> in
     }
     tables.replace_where(CAPTIONS, to_arrow(CAPTIONS, full), selection)
     return len(full)
+
+
+def batch_captions(tables: DeltaTables, batch: str, model_version: str, prompt_version: int) -> pl.DataFrame:
+    """The batch's captions by one (model, prompt) pair."""
+    return tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(caption_versions(model_version, prompt_version))
+
+
+def production_captions(
+    tables: DeltaTables, batch: str, vlm: VlmSettings, mlflow_registry: MlflowRegistry
+) -> tuple[pl.DataFrame, str, int]:
+    """The batch's captions by the production model and prompt, with those versions; a Failure that says
+    what to run when the batch has none yet (the stages that read captions start here)."""
+    from video_assets.defs.models.assets import production_versions
+
+    model_version, prompt_version = production_versions(vlm, mlflow_registry)
+    caps = batch_captions(tables, batch, model_version, prompt_version)
+    if caps.is_empty():
+        raise Failure(f"captions has no rows for batch {batch!r} (model v{model_version}): materialise it first")
+    return caps, model_version, prompt_version

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DataVersion, MaterializeResult, MetadataValue, asset
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -23,17 +23,17 @@ from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec
+from video_assets.core.captioning.versions import caption_frames
 from video_assets.core.curation.job import DEFAULT_DESCRIBE_PROMPT, curated_rows, decode_image
 from video_assets.core.curation.quality import CurationConfig
-from video_assets.core.inference.stages import StageSpec
+from video_assets.core.inference.stages import StageSpec, one_per
 from video_assets.core.structuring.usecase import load as load_use_case
-from video_assets.core.tables import CAPTIONS, CURATED_FRAMES, SCHEMAS, to_arrow
+from video_assets.core.tables import CURATED_FRAMES, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
-from video_assets.core.vocabulary import CAPTION_OK, CURATION_ERROR
+from video_assets.core.vocabulary import CURATION_ERROR
 from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.runner import actor_gpus, registered_model_files
+from video_assets.defs.captioning.runner import actor_gpus, production_captions, registered_model_files
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
-from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
 
 SHEET_VIDEOS = 4  # videos whose frames the contact sheet shows
@@ -81,12 +81,7 @@ def frames(
     and described by the VLM when `describe` is on."""
     batch = context.partition_key
     cfg, prompt = config.curation()
-    caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
-    caps = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(
-        (pl.col("model_version") == caption_model) & (pl.col("prompt_version") == caption_prompt)
-    )
-    if caps.is_empty():
-        raise Failure(f"captions has no rows for batch {batch!r} (model v{caption_model}): materialise it first")
+    caps, _, _ = production_captions(tables, batch, vlm, mlflow_registry)
     engine, extra = None, {"image_store": config.image_store}
     if config.describe:
         model, model_version = registered_model_files(mlflow_registry, vlm, vlm.alias)
@@ -97,16 +92,13 @@ def frames(
     existing = tables.batch(CURATED_FRAMES, batch, SCHEMAS[CURATED_FRAMES])
     done = set(existing.filter(pl.col("curation_version") == version).get_column("video_id").to_list())
     todo, skipped = [], 0
-    for (vid,), rows in caps.group_by(["video_id"], maintain_order=True):
-        ok = rows.filter((pl.col("status") == CAPTION_OK) & (pl.col("frame_timestamps").list.len() > 0))
-        if ok.is_empty():
+    for video in caption_frames(caps):
+        if video["reason"]:
             skipped += 1  # no frame was sampled: nothing to curate
             continue
-        if vid in done and not config.recurate:
+        if video["video_id"] in done and not config.recurate:
             continue
-        times = {int(r["segment"]): list(r["frame_timestamps"]) for r in ok.iter_rows(named=True)}
-        first = rows.row(0, named=True)
-        todo.append({k: first[k] for k in ("video_id", "batch_key", "uri")} | {"times": json.dumps(times)})
+        todo.append({k: video[k] for k in ("video_id", "batch_key", "uri")} | {"times": json.dumps(video["times"])})
     context.log.info(
         f"batch {batch}: {len(todo)} videos to curate (curation_version {version}), {len(done)} already "
         f"curated, {skipped} without captioned frames"
@@ -125,7 +117,7 @@ def frames(
         if row["reason"] == CURATION_ERROR:
             context.log.warning(f"{printable(row['uri'])}: {printable(row['error'] or '')}")
         if len({(r["segment"], r["frame"]) for r in open_video[vid]}) >= expected.get(vid, 1):
-            done_rows = _dedupe(open_video.pop(vid))
+            done_rows = one_per(open_video.pop(vid), ("segment", "frame"))
             if len(sheet) < SHEET_VIDEOS:
                 sheet.append((printable(done_rows[0]["uri"].rsplit("/", 1)[-1]), done_rows))
             pending += done_rows
@@ -133,7 +125,7 @@ def frames(
             written += _write(tables, curation, pending, version, config.image_store)
             pending = []
     for rows in open_video.values():  # a video Ray returned only part of: written whole anyway
-        pending += _dedupe(rows)
+        pending += one_per(rows, ("segment", "frame"))
     written += _write(tables, curation, pending, version, config.image_store)
     wall_s = time.perf_counter() - started
 
@@ -160,11 +152,6 @@ def frames(
             "frames_per_s": MetadataValue.float(round(n_frames / wall_s, 2) if n_frames else 0.0),
         },
     )
-
-
-def _dedupe(rows: list[dict]) -> list[dict]:
-    """One row per (segment, frame): a retried Ray task may deliver a video twice."""
-    return list({(int(r["segment"]), int(r["frame"])): r for r in rows}.values())
 
 
 def _write(tables: DeltaTables, store: CurationStore, rows: list[dict], version: str, image_store: str) -> int:

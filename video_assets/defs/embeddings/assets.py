@@ -10,7 +10,7 @@ import time
 from datetime import UTC, datetime
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DataVersion, MaterializeResult, MetadataValue, asset
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -19,30 +19,32 @@ from resources.archive import SPEECH as SPEECH_MODEL
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
+from video_assets.core.captioning.versions import caption_frames, caption_source_version
 from video_assets.core.embeddings.job import frame_embedding_rows, text_embedding_rows
-from video_assets.core.inference.stages import StageSpec
-from video_assets.core.tables import CAPTIONS, FRAME_EMBEDDINGS, KEYS, SCHEMAS, TEXT_EMBEDDINGS, TRANSCRIPTS, to_arrow
+from video_assets.core.inference.stages import one_per
+from video_assets.core.tables import FRAME_EMBEDDINGS, KEYS, SCHEMAS, TEXT_EMBEDDINGS, TRANSCRIPTS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_OK, EMBED_ERROR, SOURCE_CAPTION, SOURCE_TRANSCRIPT, TRANSCRIPT_SPEECH
 from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.runner import cluster_gpus
+from video_assets.defs.captioning.runner import batch_captions, cluster_gpus, production_captions
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
-from video_assets.defs.models.assets import archive_model_files, frame_encoder, production_versions, text_encoder
+from video_assets.defs.models.assets import (
+    archive_model_files,
+    archive_version,
+    frame_encoder,
+    production_versions,
+    text_encoder,
+)
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.transcripts.assets import transcripts
 
 PLOT_VIDEOS = 6  # videos whose frames the materialisation plots in 2-D
+FRAME_KEY = ("segment", "frame")  # a video's rows, one per frame
 WRITE_EVERY = 256  # rows per Delta write (whole videos for frames)
 
 
 class EmbedConfig(Config):
     reembed: bool = Field(default=False, description="Embed again what this encoder version already embedded")
-
-
-def _spec(archive: ArchiveSettings, batch_size: int) -> tuple[StageSpec, str]:
-    device, gpus = archive.actor_placement(cluster_gpus())
-    spec = StageSpec(archive.cpu_concurrency, archive.model_concurrency, gpus, batch_size)
-    return spec, device
 
 
 def _stamp(rows: list[dict], table: str, **extra) -> list[dict]:
@@ -72,31 +74,25 @@ def frame_embeddings(
     batch = context.partition_key
     model, version = archive_model_files(mlflow_registry, archive, FRAMES)
     encoder = archive.registered_model(FRAMES)
-    caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
-    caps = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(
-        (pl.col("model_version") == caption_model) & (pl.col("prompt_version") == caption_prompt)
-    )
-    if caps.is_empty():
-        raise Failure(f"captions has no rows for batch {batch!r} (model v{caption_model}): materialise it first")
+    caps, _, _ = production_captions(tables, batch, vlm, mlflow_registry)
     existing = tables.batch(FRAME_EMBEDDINGS, batch, SCHEMAS[FRAME_EMBEDDINGS])
     done = set(existing.filter(pl.col("encoder_version") == version).get_column("video_id").to_list())
     todo, failed = [], []
-    for (vid,), rows in caps.group_by(["video_id"], maintain_order=True):
-        if vid in done and not config.reembed:
+    for video in caption_frames(caps):
+        if video["video_id"] in done and not config.reembed:
             continue
-        ok = rows.filter((pl.col("status") == CAPTION_OK) & (pl.col("frame_timestamps").list.len() > 0))
-        first = rows.row(0, named=True)
-        if ok.is_empty():
-            reason = f"no captioned frames: {first['error'] or first['status']}"
-            failed.append({k: first[k] for k in ("video_id", "batch_key", "uri")} | _error_row(reason))
-            continue
-        times = {int(r["segment"]): list(r["frame_timestamps"]) for r in ok.iter_rows(named=True)}
-        todo.append({k: first[k] for k in ("video_id", "batch_key", "uri")} | {"times": json.dumps(times)})
+        ids = {k: video[k] for k in ("video_id", "batch_key", "uri")}
+        if video["reason"]:
+            failed.append(ids | _error_row(video["reason"]))
+        else:
+            todo.append(ids | {"times": json.dumps(video["times"])})
     context.log.info(
         f"batch {batch}: {len(todo)} videos to embed with models:/{encoder}@{archive.alias} v{version}, "
         f"{len(done)} already embedded, {len(failed)} without captioned frames"
     )
-    spec, device = _spec(archive, 1)  # one segment (its frames) per call; the encoder batches frames
+    spec, device = archive.stage_spec(
+        cluster_gpus(), 1
+    )  # one segment (its frames) per call; the encoder batches frames
     started, pending, written, frames, encode_s, errors = time.perf_counter(), list(failed), 0, 0, 0.0, len(failed)
     open_video: dict[str, list[dict]] = {}
     expected = {v["video_id"]: len(json.loads(v["times"])) for v in todo}
@@ -113,12 +109,12 @@ def frame_embeddings(
             frames += 1
             encode_s += row.get("encode_s") or 0.0
         if len(seen[vid]) >= expected.get(vid, 1):
-            pending += _dedupe(open_video.pop(vid))
+            pending += one_per(open_video.pop(vid), FRAME_KEY)
         if len(pending) >= WRITE_EVERY:
             written += _write_frames(tables, pending, encoder, version)
             pending = []
     for rows in open_video.values():  # a video Ray returned only part of: written whole anyway
-        pending += _dedupe(rows)
+        pending += one_per(rows, FRAME_KEY)
     written += _write_frames(tables, pending, encoder, version)
     wall_s = time.perf_counter() - started
 
@@ -149,11 +145,6 @@ def frame_embeddings(
 
 def _error_row(reason: str) -> dict:
     return {"segment": 0, "frame": 0, "status": EMBED_ERROR, "error": reason}
-
-
-def _dedupe(rows: list[dict]) -> list[dict]:
-    """One row per (segment, frame): a retried Ray task may deliver a segment twice."""
-    return list({(int(r["segment"]), int(r["frame"])): r for r in rows}.values())
 
 
 def _write_frames(tables: DeltaTables, rows: list[dict], encoder: str, version: str) -> int:
@@ -217,7 +208,7 @@ def text_embeddings(
         f"batch {batch}: {todo.height} texts to embed with models:/{encoder}@{archive.alias} v{version}, "
         f"{sources.height - todo.height} already embedded"
     )
-    spec, device = _spec(archive, archive.text_batch_size)
+    spec, device = archive.stage_spec(cluster_gpus(), archive.text_batch_size)
     started, written, encode_s = time.perf_counter(), 0, 0.0
     pending: list[dict] = []
     for row in text_embedding_rows(todo.to_dicts(), model, device, spec):
@@ -259,18 +250,15 @@ def _text_sources(
     """The batch's texts to embed: speech segments of the speech model behind the alias, and ok captions
     of the captioning model and prompt behind production."""
     cols = ["video_id", "batch_key", "uri", "source", "segment", "source_version", "start_s", "end_s", "text"]
-    speech_version = mlflow_registry.alias_version("model", archive.registered_model(SPEECH_MODEL), archive.alias)
+    speech_version = archive_version(mlflow_registry, archive, SPEECH_MODEL)
     said = tables.batch(TRANSCRIPTS, batch, SCHEMAS[TRANSCRIPTS]).filter(
         (pl.col("model_version") == speech_version)
         & (pl.col("status") == TRANSCRIPT_SPEECH)
         & (pl.col("text").str.len_chars() > 0)
     )
     caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
-    seen = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(
-        (pl.col("model_version") == caption_model)
-        & (pl.col("prompt_version") == caption_prompt)
-        & (pl.col("status") == CAPTION_OK)
-        & (pl.col("prose").fill_null("").str.len_chars() > 0)
+    seen = batch_captions(tables, batch, caption_model, caption_prompt).filter(
+        (pl.col("status") == CAPTION_OK) & (pl.col("prose").fill_null("").str.len_chars() > 0)
     )
     return pl.concat(
         [
@@ -291,7 +279,7 @@ def _text_sources(
                 "uri",
                 pl.lit(SOURCE_CAPTION).alias("source"),
                 "segment",
-                pl.format("{}/{}", "model_version", "prompt_version").alias("source_version"),
+                pl.lit(caption_source_version(caption_model, caption_prompt)).alias("source_version"),
                 pl.col("segment_start_s").alias("start_s"),
                 pl.col("segment_end_s").alias("end_s"),
                 pl.col("prose").alias("text"),

@@ -206,3 +206,8 @@ def archive_model_files(mlflow_registry: MlflowRegistry, archive: ArchiveSetting
             f"{ARCHIVE_MODEL_ASSETS[kind]} (job register_model) first.",
             allow_retries=False,
         ) from exc
+
+
+def archive_version(mlflow_registry: MlflowRegistry, archive: ArchiveSettings, kind: str) -> str | None:
+    """The version of the ``kind`` model behind the archive's alias; None when there is none."""
+    return mlflow_registry.alias_version("model", archive.registered_model(kind), archive.alias)

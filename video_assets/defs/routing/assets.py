@@ -14,11 +14,12 @@ from video_assets.core import routing
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import structuring_versions
 from video_assets.core.tables import ALERTS, REVIEW_QUEUE, SCHEMAS, STRUCTURED_EVENTS, to_arrow
+from video_assets.defs.captioning.runner import batch_captions
 from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadata
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.assets import structured_events
-from video_assets.defs.structuring.runner import batch_captions, structurer_id, use_case_version
+from video_assets.defs.structuring.runner import structurer_id, use_case_version
 
 
 class RoutingConfig(Config):

@@ -15,21 +15,22 @@ from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.search import SearchIndex
 from resources.vlm import VlmSettings
+from video_assets.core.captioning.versions import caption_source_version
 from video_assets.core.search import index as ix
 from video_assets.core.tables import (
     FRAME_EMBEDDINGS,
     SCHEMAS,
-    STRUCTURED_EVENTS,
     TEXT_EMBEDDINGS,
     VIDEO_SUMMARIES,
 )
-from video_assets.core.vocabulary import ANSWERED, SOURCE_CAPTION, SOURCE_TRANSCRIPT
+from video_assets.core.vocabulary import SOURCE_CAPTION, SOURCE_TRANSCRIPT
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.common import TRANSIENT_RETRY, stage_asset
 from video_assets.defs.embeddings.assets import frame_embeddings, text_embeddings
-from video_assets.defs.models.assets import archive_model_files, production_versions
+from video_assets.defs.models.assets import archive_model_files, archive_version, production_versions
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.assets import structured_events
+from video_assets.defs.structuring.runner import answered_events
 from video_assets.defs.transcripts.assets import transcripts
 
 try:  # summaries are another stage's, built separately: indexed when that asset exists
@@ -59,12 +60,11 @@ def search_index(
     prompt. Event and summary texts are embedded here with the text encoder behind the alias."""
     started = time.perf_counter()
     batch = context.partition_key
-    alias = archive.alias
-    text_version = mlflow_registry.alias_version("model", archive.registered_model(TEXT), alias)
-    frame_version = mlflow_registry.alias_version("model", archive.registered_model(FRAMES), alias)
-    speech_version = mlflow_registry.alias_version("model", archive.registered_model(SPEECH), alias)
+    text_version = archive_version(mlflow_registry, archive, TEXT)
+    frame_version = archive_version(mlflow_registry, archive, FRAMES)
+    speech_version = archive_version(mlflow_registry, archive, SPEECH)
     caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
-    caption_version = f"{caption_model}/{caption_prompt}"
+    caption_version = caption_source_version(caption_model, caption_prompt)
 
     texts = tables.batch(TEXT_EMBEDDINGS, batch, SCHEMAS[TEXT_EMBEDDINGS]).filter(
         (pl.col("encoder_version") == text_version)
@@ -76,16 +76,7 @@ def search_index(
     frames = tables.batch(FRAME_EMBEDDINGS, batch, SCHEMAS[FRAME_EMBEDDINGS]).filter(
         pl.col("encoder_version") == frame_version
     )
-    events = (
-        tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS])
-        .filter(
-            (pl.col("model_version") == caption_model)
-            & (pl.col("prompt_version") == caption_prompt)
-            & pl.col("status").is_in(list(ANSWERED))
-        )
-        .sort("structured_at")
-        .unique(["video_id", "segment", "use_case"], keep="last", maintain_order=True)
-    )
+    events = answered_events(tables, batch, caption_model, caption_prompt)
     has_summaries = tables.exists(VIDEO_SUMMARIES)
     summaries = tables.batch(VIDEO_SUMMARIES, batch, SCHEMAS[VIDEO_SUMMARIES]) if has_summaries else None
 

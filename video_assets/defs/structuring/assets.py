@@ -14,12 +14,11 @@ from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import pending_captions, structuring_versions
 from video_assets.core.tables import KEYS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.runner import cluster_gpus, registered_model_files
+from video_assets.defs.captioning.runner import batch_captions, cluster_gpus, registered_model_files
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.runner import (
-    batch_captions,
     make_structurer,
     structure_rows,
     structurer_id,

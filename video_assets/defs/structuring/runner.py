@@ -14,7 +14,8 @@ from video_assets.core.inference import choose_engine_name, vllm_importable
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
-from video_assets.core.tables import CAPTIONS, SCHEMAS
+from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
+from video_assets.core.vocabulary import ANSWERED
 from video_assets.defs.captioning.runner import cluster_gpus
 
 
@@ -81,8 +82,15 @@ def structure_rows(
     return out
 
 
-def batch_captions(tables: DeltaTables, batch: str, model_version: str, prompt_version: int) -> pl.DataFrame:
-    return tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(caption_versions(model_version, prompt_version))
+def answered_events(tables: DeltaTables, batch: str, model_version: str, prompt_version: int) -> pl.DataFrame:
+    """The batch's answered structured rows of one caption pair, the latest per (video, segment, use case):
+    a newer use-case version or structurer wins. What summaries and the search index read."""
+    rows = tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
+        caption_versions(model_version, prompt_version) & pl.col("status").is_in(list(ANSWERED))
+    )
+    if rows.is_empty():
+        return rows
+    return rows.sort("structured_at").unique(["video_id", "segment", "use_case"], keep="last", maintain_order=True)
 
 
 def use_case_version(

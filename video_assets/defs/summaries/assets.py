@@ -17,14 +17,15 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
 from video_assets.core.qa import summaries as summ
 from video_assets.core.qa.llm import LlmUnavailable
-from video_assets.core.tables import CAPTIONS, SCHEMAS, STRUCTURED_EVENTS, TRANSCRIPTS, VIDEO_SUMMARIES, to_arrow
+from video_assets.core.tables import SCHEMAS, TRANSCRIPTS, VIDEO_SUMMARIES, to_arrow
 from video_assets.core.uploads.discovery import printable
-from video_assets.core.vocabulary import ANSWERED
 from video_assets.defs.captioning.assets import captions
+from video_assets.defs.captioning.runner import production_captions
 from video_assets.defs.common import stage_asset, table_metadata
-from video_assets.defs.models.assets import production_versions
+from video_assets.defs.models.assets import archive_version
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.assets import structured_events
+from video_assets.defs.structuring.runner import answered_events
 from video_assets.defs.transcripts.assets import transcripts
 
 EXTRACTIVE = "extractive"
@@ -53,25 +54,14 @@ def video_summaries(
     """What happens in each video of the batch, with ``[mm:ss]`` times: every event, and captions and
     speech spread over the video (extractive), or an LLM's map-reduce summary of the whole timeline."""
     batch = context.partition_key
-    caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
-    caps = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(
-        (pl.col("model_version") == caption_model) & (pl.col("prompt_version") == caption_prompt)
-    )
-    if caps.is_empty():
-        raise Failure(f"captions has no rows for batch {batch!r} (model v{caption_model}): materialise it first")
-    speech_version = mlflow_registry.alias_version("model", archive.registered_model(SPEECH), archive.alias)
+    caps, caption_model, caption_prompt = production_captions(tables, batch, vlm, mlflow_registry)
+    speech_version = archive_version(mlflow_registry, archive, SPEECH)
     if speech_version is None:
         context.log.warning("no speech model behind the alias: summaries without transcripts")
         said = pl.DataFrame(schema=pl.from_arrow(SCHEMAS[TRANSCRIPTS].empty_table()).schema)
     else:
         said = tables.batch(TRANSCRIPTS, batch, SCHEMAS[TRANSCRIPTS]).filter(pl.col("model_version") == speech_version)
-    events = _latest_events(
-        tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
-            (pl.col("model_version") == caption_model)
-            & (pl.col("prompt_version") == caption_prompt)
-            & pl.col("status").is_in(list(ANSWERED))
-        )
-    )
+    events = answered_events(tables, batch, caption_model, caption_prompt)
 
     client = llm.client()
     summarizer = EXTRACTIVE
@@ -151,13 +141,6 @@ def video_summaries(
             ),
         },
     )
-
-
-def _latest_events(rows: pl.DataFrame) -> pl.DataFrame:
-    """Per (video, segment, use case), the latest structuring (a newer use-case version or structurer wins)."""
-    if rows.is_empty():
-        return rows
-    return rows.sort("structured_at").unique(["video_id", "segment", "use_case"], keep="last", maintain_order=True)
 
 
 def _printable_lines(text: str) -> str:

@@ -13,7 +13,6 @@ from pydantic import Field
 from resources.archive import SPEECH, ArchiveSettings
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
-from video_assets.core.inference.stages import StageSpec
 from video_assets.core.tables import SCHEMAS, TRANSCRIPTS, VIDEO_METADATA, to_arrow
 from video_assets.core.transcription.job import transcript_job_rows
 from video_assets.core.uploads.discovery import printable
@@ -67,8 +66,7 @@ def transcripts(
     done = set(existing.get_column("video_id").to_list())
     # Probe rejects are transcribed too: a file with a broken video stream may still carry speech.
     todo = meta if config.retranscribe else meta.filter(~pl.col("video_id").is_in(done))
-    device, gpus = archive.actor_placement(cluster_gpus())
-    spec = StageSpec(archive.cpu_concurrency, archive.model_concurrency, gpus, batch_size=1)
+    spec, device = archive.stage_spec(cluster_gpus(), batch_size=1)
     context.log.info(
         f"batch {batch}: {todo.height} videos to transcribe with models:/{name}@{archive.alias} v{version} "
         f"on {device}, {meta.height - todo.height} already transcribed"
