@@ -15,7 +15,8 @@ import pytest
 
 from resources.archive import TEXT, assemble_packaged
 from tests.fixtures.golden_index import build_golden_index
-from tests.fixtures.openai_stub import free_port, stub_server
+from tests.fixtures.openai_stub import stub_server
+from tests.fixtures.processes import free_port
 from video_assets.core.embeddings.text import TextEncoder
 from video_assets.core.qa import summaries as summ
 from video_assets.core.qa.agent import ANSWER_MARKER, LLM_FAILED, NO_LLM, PLAN_MARKER, ask

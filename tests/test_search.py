@@ -3,7 +3,6 @@ person (the golden set's reference captions, one per clip). Hand-written queries
 the captions must find their clip; exact lookups return exactly the matching rows; a batch re-indexed
 leaves the same rows; the fusion rule is checked on hand-made rankings."""
 
-import json
 from datetime import UTC, datetime
 
 import numpy as np
@@ -11,12 +10,12 @@ import polars as pl
 import pytest
 
 from resources.archive import TEXT, assemble_packaged
+from tests.fixtures.golden_index import golden
 from video_assets.core.embeddings.text import TextEncoder
 from video_assets.core.search import index as ix
 from video_assets.core.search.api import CAPTION, EVENT, TRANSCRIPT
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS, TEXT_EMBEDDINGS
 
-GOLDEN = ix.Path(__file__).resolve().parents[1] / "video_assets" / "usecases" / "object_handling" / "golden.jsonl"
 BATCH = "2024-01-01_b1"
 VERSION = "1"
 # Queries in other words than the reference captions, and the clip(s) each should find.
@@ -39,10 +38,6 @@ QUERIES = {
 # Measured here (MiniLM, 24 captions, 14 queries): hybrid hit@1 = 1.00, hit@5 = 1.00; lexical only 0.86 / 0.93;
 # semantic only 1.00 / 1.00.
 MIN_HIT_AT_1, MIN_HIT_AT_5 = 0.85, 0.95
-
-
-def golden() -> list[dict]:
-    return [json.loads(line) for line in GOLDEN.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")

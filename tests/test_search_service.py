@@ -5,8 +5,6 @@ thumbnails, click one, and the video plays from the hit's start. The server is s
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +17,9 @@ import pytest
 from resources.archive import TEXT, assemble_packaged
 from resources.delta import DeltaTables
 from tests.conftest import REPO, copy_samples
-from tests.test_search import caption_embeddings, golden
+from tests.fixtures.golden_index import golden
+from tests.fixtures.processes import free_port, stop
+from tests.test_search import caption_embeddings
 from video_assets.core.embeddings.text import TextEncoder
 from video_assets.core.search import index as ix
 from video_assets.core.tables import RAW_VIDEOS, to_arrow
@@ -31,12 +31,6 @@ CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking"]
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
@@ -94,12 +88,7 @@ def server(tmp_path_factory):
             time.sleep(0.5)
         yield {"url": url, "clips": clips, "pid": proc.pid}
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop(proc, grace_s=20)
         log.close()
         with pytest.raises(ProcessLookupError):
             os.kill(proc.pid, 0)  # gone (reaped)

@@ -14,7 +14,8 @@ from resources.archive import SPEECH, ArchiveSettings
 from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
-from tests.fixtures.openai_stub import free_port, stub_server
+from tests.fixtures.openai_stub import stub_server
+from tests.fixtures.processes import free_port
 from video_assets.core.qa.summaries import MAP_MARKER
 from video_assets.core.tables import CAPTIONS, STRUCTURED_EVENTS, TRANSCRIPTS, VIDEO_SUMMARIES, to_arrow
 from video_assets.defs.models.assets import CAPTION_PROMPT_NAME
