@@ -12,11 +12,9 @@ Built like ``tiny_vlm``: into a temporary folder, renamed into place, a marker f
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from video_assets.core.models.folders import build_once
 from video_assets.core.models.tiny_vlm import _CORPUS
 
 TINY_CLIP_NAME = "tiny-random-clip"
@@ -45,28 +43,7 @@ def build_tiny_clip(dest: str | Path, seed: int = 0) -> Path:
     Loadable with ``AutoModel``/``CLIPModel``, ``AutoTokenizer`` and ``AutoImageProcessor`` (all with
     ``local_files_only=True``). Deterministic for a given ``seed``; takes about a second.
     """
-    dest = Path(dest).expanduser().resolve()
-    if _is_complete(dest, seed):
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.building-", dir=dest.parent))
-    try:
-        _build_into(tmp, seed)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the built model is ordinary shared data
-        if _is_complete(dest, seed):  # someone else finished first
-            return dest
-        if dest.exists():
-            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if _is_complete(dest, seed):  # lost a race to a concurrent builder
-                return dest
-            raise
-        return dest
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    return build_once(dest, lambda d: _is_complete(d, seed), lambda tmp: _build_into(tmp, seed))
 
 
 def _tokenizer():

@@ -16,10 +16,9 @@ generation runs to ``max_new_tokens`` and decodes to non-empty (nonsense) text.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from video_assets.core.models.folders import build_once
 
 TINY_MODEL_NAME = "tiny-random-qwen2.5-vl"
 WARNING = "TINY RANDOM TEST MODEL — outputs are nonsense"
@@ -165,28 +164,11 @@ def build_tiny_qwen25_vl(
     """
     if (variant is None) != (customize is None and text_config is None):
         raise ValueError("variant goes with customize and/or text_config")
-    dest = Path(dest).expanduser().resolve()
-    if _is_complete(dest, seed, variant):
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.building-", dir=dest.parent))
-    try:
-        _build_into(tmp, seed, variant, customize, text_config)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the built model is ordinary shared data
-        if _is_complete(dest, seed, variant):  # someone else finished first
-            return dest
-        if dest.exists():
-            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if _is_complete(dest, seed, variant):  # lost a race to a concurrent builder
-                return dest
-            raise
-        return dest
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    return build_once(
+        dest,
+        lambda d: _is_complete(d, seed, variant),
+        lambda tmp: _build_into(tmp, seed, variant, customize, text_config),
+    )
 
 
 def _train_tokenizer():
