@@ -19,6 +19,7 @@ from pydantic import Field
 from resources.vlm import folder_digest, looks_like_path
 from video_assets.core.embeddings.job import EFFICIENTNET_LITE0
 from video_assets.core.inference.stages import StageSpec
+from video_assets.core.models.folders import build_once
 
 SPEECH, FRAMES, TEXT = "speech", "frames", "text"
 KINDS = (SPEECH, FRAMES, TEXT)
@@ -120,27 +121,21 @@ def assemble_packaged(kind: str, dest: Path) -> Path:
     if kind == TEXT:
         from video_assets.core.embeddings.text import packaged_minilm_dir
 
-        return _copy_once(packaged_minilm_dir(), dest)
+        src = packaged_minilm_dir()
+        return build_once(dest, _has_config, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
     from video_assets.core.embeddings.frames import packaged_efficientnet_weights
 
     weights = packaged_efficientnet_weights()
-    if not (dest / "config.json").exists():
-        dest.mkdir(parents=True, exist_ok=True)
-        tmp = dest / f".{weights.name}.tmp"
-        shutil.copyfile(weights, tmp)
-        tmp.replace(dest / weights.name)  # never a half-copied file under the final name
+
+    def build(tmp: Path) -> None:
+        shutil.copyfile(weights, tmp / weights.name)
         # A config.json like every other model folder's: what the encoder is, which file holds it.
-        (dest / ".config.json.tmp").write_text(
-            json.dumps({"model_type": EFFICIENTNET_LITE0, "weights": weights.name, "licence": "Apache-2.0"}, indent=1)
-        )
-        (dest / ".config.json.tmp").replace(dest / "config.json")
-    return dest
+        meta = {"model_type": EFFICIENTNET_LITE0, "weights": weights.name, "licence": "Apache-2.0"}
+        (tmp / "config.json").write_text(json.dumps(meta, indent=1))
+
+    return build_once(dest, _has_config, build)
 
 
-def _copy_once(src: Path, dest: Path) -> Path:
-    if not dest.exists():
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-        tmp.replace(dest)
-    return dest
+def _has_config(folder: Path) -> bool:
+    """A bundled model folder is there (``build_once`` renames it into place whole)."""
+    return (folder / "config.json").is_file()
