@@ -521,3 +521,11 @@ def test_keyframe_snapping_keeps_exact_frames_where_no_keyframe_is_near(tmp_path
     rest = plan_timestamps(result.duration_s, cfg)[1:]
     assert seg.timestamps[1:] == pytest.approx(first_at_or_after(generated_times(path), rest), abs=1e-9)
     assert_frames_match_full_decode(path, seg)
+
+
+def test_match_times_finds_the_same_frame_or_none():
+    from video_assets.core.media.sampling import match_times
+
+    found = [0.0, 0.04, 0.5]
+    assert match_times(found, [0.04, 0.0400004, 0.3, 0.5, 0.0, 0.6]) == [1, 1, None, 2, 0, None]
+    assert match_times([], [1.0]) == [None]

@@ -19,7 +19,7 @@ import numpy as np
 from video_assets.core.captioning.job import EngineSpec, build_engine
 from video_assets.core.curation.quality import CurationConfig, crop, curate, jpeg
 from video_assets.core.inference.stages import StageSpec, columns, node_id, stream
-from video_assets.core.media.sampling import sample_times
+from video_assets.core.media.sampling import match_times, sample_times
 from video_assets.core.vocabulary import CURATION_ERROR
 
 DEFAULT_DESCRIBE_PROMPT = "Describe the action of both hands in 20 words."
@@ -69,8 +69,7 @@ def decode_and_curate(row: dict, config: CurationConfig) -> list[dict]:
     verdicts = curate(frames, found, config) if len(found) else []
     decode_s = (time.perf_counter() - started) / max(1, len(wanted))
     out = []
-    for seg, j, t in wanted:
-        i = _nearest(found, t)
+    for (seg, j, t), i in zip(wanted, match_times(found, [t for _, _, t in wanted])):
         base = {**ids, "segment": seg, "frame": j, "timestamp_s": t, "description": None, "decode_s": decode_s}
         if i is None:
             why = error or "the frame did not decode again"
@@ -104,14 +103,6 @@ def _error_scores() -> dict:
     none = dict.fromkeys(("sharpness", "brightness", "contrast", "motion", "phash", "image"))
     crop_box = dict.fromkeys(("crop_x0", "crop_y0", "crop_x1", "crop_y1", "width", "height"))
     return {"kept": False, **none, **crop_box}
-
-
-def _nearest(found: list[float], t: float) -> int | None:
-    """Index of the decoded frame for caption time ``t`` (the same frame: equal up to float rounding)."""
-    for i, f in enumerate(found):
-        if abs(f - t) < 1e-3:
-            return i
-    return None
 
 
 def decode_image(data: bytes) -> np.ndarray:

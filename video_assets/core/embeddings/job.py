@@ -16,7 +16,7 @@ import numpy as np
 
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.stages import StageSpec, columns, node_id, stream
-from video_assets.core.media.sampling import sample_times
+from video_assets.core.media.sampling import match_times, sample_times
 from video_assets.core.vocabulary import EMBED_ERROR, EMBEDDED
 
 EFFICIENTNET_LITE0 = "efficientnet-lite0"  # model_type of the bundled encoder's config.json
@@ -49,24 +49,15 @@ def decode_caption_frames(row: dict) -> list[dict]:
         return [
             {**ids, "segment": 0, "timestamps": [], "frames": np.zeros((0, 1, 1, 3), np.uint8)} | _err(exc, started)
         ]
-    at = {t: i for i, t in enumerate(found)}
     out = []
     for segment, ts in sorted(segments.items(), key=lambda kv: int(kv[0])):
-        keep = [t for t in ts if _nearest(at, t) is not None]
-        picks = [_nearest(at, t) for t in keep]
+        matched = [(t, i) for t, i in zip(ts, match_times(found, ts)) if i is not None]
+        keep, picks = [t for t, _ in matched], [i for _, i in matched]
         out.append(
             {**ids, "segment": int(segment), "timestamps": keep, "frames": frames[picks] if picks else frames[:0]}
             | {"error": "", "decode_s": (time.perf_counter() - started) / max(1, len(segments))}
         )
     return out
-
-
-def _nearest(at: dict[float, int], t: float) -> int | None:
-    """Index of the decoded frame for caption time ``t`` (the same frame: equal up to float rounding)."""
-    for found, i in at.items():
-        if abs(found - t) < 1e-3:
-            return i
-    return None
 
 
 def _err(exc: BaseException, started: float) -> dict:

@@ -641,3 +641,13 @@ def sample_times(
     if not picks:
         raise SamplingError("no decodable video frame at the requested times")
     return [t for t, _, _ in picks], np.stack([rgb for _, rgb, _ in picks])
+
+
+def match_times(found: list[float], times: list[float], tol: float = SNAP_EPS_S) -> list[int | None]:
+    """For each of ``times``, the index in ``found`` (sorted frame times, as ``sample_times`` returns them)
+    of the same frame (equal up to ``tol``: frames are >= 4 ms apart), or None when it did not decode."""
+    out = []
+    for t in times:
+        k = bisect.bisect_left(found, t - tol)
+        out.append(k if k < len(found) and abs(found[k] - t) < tol else None)
+    return out
