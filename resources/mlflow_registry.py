@@ -117,6 +117,18 @@ class MlflowRegistry(ConfigurableResource):
                     f"the folder of the MLflow SQLite store {uri} does not exist: create it, or set "
                     "MLFLOW_TRACKING_URI to another store."
                 )
+            self._create_sqlite_store_once(folder / ".mlflow-init.lock")
+
+    def _create_sqlite_store_once(self, lock_path: Path) -> None:
+        """Open the SQLite store under an exclusive file lock: steps that first touch a new store at once
+        (the register_model job's parallel steps) each ran MLflow's schema migration, and all but one
+        failed ("table _alembic_tmp_... already exists"). The first creates it; the others wait, then
+        find it made (as ``video-assets init`` does for the Dagster instance's storages)."""
+        import fcntl
+
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+            self.client().search_experiments(max_results=1)
 
     def client(self):
         from mlflow import MlflowClient

@@ -46,6 +46,7 @@ ALLOWED_PROJECT_MODULES = {
     "video_assets.core.inference",
     "video_assets.core.inference.hf",
     "video_assets.core.models",
+    "video_assets.core.models.folders",  # tiny_vlm's build-once helper (standard library only)
     "video_assets.core.models.tiny_vlm",
 }
 

@@ -250,3 +250,22 @@ def test_the_promotion_gate_under_an_injected_registry_error(instance, store, tm
                 instance=instance, resources={"vlm": VlmSettings(cache_dir=str(tmp_path)), "mlflow_registry": faulty}
             )
         )
+
+
+def test_steps_first_touching_a_new_sqlite_store_at_once_all_succeed(tmp_path):
+    """The register_model job's steps start together on a fresh instance: each opens the new SQLite
+    store, and without the preflight's file lock their schema migrations raced (all but one failed)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from resources.mlflow_registry import MlflowRegistry; "
+        "MlflowRegistry(tracking_uri=sys.argv[1], artifact_root=sys.argv[2]).check_reachable()"
+    )
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, uri, str(tmp_path / "art")], stderr=subprocess.PIPE, text=True)
+        for _ in range(5)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 5, errors
