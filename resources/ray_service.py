@@ -3,14 +3,19 @@ on 127.0.0.1 with this instance's token, joined by every step instead of startin
 of its own, so Ray's start-up is paid once and caption engines stay loaded between batches (warm
 engines, ``warm_engine_idle_s``). Without it, each step embeds its own Ray as before.
 
-Its address lives in ``$DAGSTER_HOME/ray/service.json``; ``video-assets ray down`` stops every process
-it started (found by its session folder, like the tests find theirs), nothing else of Ray's."""
+The service is one Python process, started in a session of its own, that starts Ray the way the
+embedded resource does (``ray.init``: token authentication, no Ray Client server, no dashboard) and stays
+its driver: the job runners it owns (``core/inference/service_runner.py``) run the steps' Ray Data jobs
+on workers that stay up between batches. Its address and process id live in
+``$DAGSTER_HOME/ray/service.json``; ``video-assets ray down`` stops the service and then every process
+left in its session (and any process naming its session folder), nothing else of Ray's."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from resources.settings import dagster_home, ensure_ray_auth_token, ray_auth_token_path, ray_token_auth
+from resources.settings import dagster_home, embedded_ray_auth
 
-RAY = str(Path(sys.executable).parent / "ray")
+START_TIMEOUT_S = 180.0
 
 
 def service_file() -> Path:
@@ -36,13 +41,17 @@ def _answers(address: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def service_address() -> str | None:
-    """The running service's GCS address, or None (no service, or it is gone)."""
+def _info() -> dict | None:
     try:
-        info = json.loads(service_file().read_text())
+        return json.loads(service_file().read_text())
     except (OSError, ValueError):
         return None
-    return info["address"] if _answers(info["address"]) else None
+
+
+def service_address() -> str | None:
+    """The running service's GCS address, or None (no service, or it is gone)."""
+    info = _info()
+    return info["address"] if info and _answers(info["address"]) else None
 
 
 def _temp_dir() -> Path:
@@ -51,70 +60,116 @@ def _temp_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"va-ray-{digest}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _log_file() -> Path:
+    return dagster_home() / "ray" / "service.log"
 
 
 def up(num_cpus: int | None = None) -> dict:
     """Start the service unless it runs; returns its address and session folder."""
     if address := service_address():
         return {"address": address, "temp_dir": str(_temp_dir()), "started": False}
-    port = _free_port()
-    temp = _temp_dir()
-    args = [
-        RAY,
-        "start",
-        "--head",
-        "--node-ip-address=127.0.0.1",
-        f"--port={port}",
-        f"--temp-dir={temp}",
-        "--include-dashboard=false",
-        "--disable-usage-stats",
-        *([f"--num-cpus={num_cpus}"] if num_cpus else []),
-    ]
-    with ray_token_auth(ensure_ray_auth_token(ray_auth_token_path())):
-        done = subprocess.run(args, env=os.environ.copy(), capture_output=True, text=True, timeout=180)
-    if done.returncode != 0:
-        raise RuntimeError(f"ray start failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    info = {"address": f"127.0.0.1:{port}", "temp_dir": str(temp), "started_at": time.time()}
     service_file().parent.mkdir(parents=True, exist_ok=True)
-    service_file().write_text(json.dumps(info))
-    return {**info, "started": True}
+    service_file().unlink(missing_ok=True)
+    args = [sys.executable, "-m", "resources.ray_service", "--temp-dir", str(_temp_dir())]
+    args += ["--num-cpus", str(num_cpus)] if num_cpus else []
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    with open(_log_file(), "ab") as log:
+        proc = subprocess.Popen(
+            args, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        info = _info()
+        if info and info.get("pid") == proc.pid and _answers(info["address"]):
+            return {**info, "started": True}
+        if proc.poll() is not None:
+            tail = _log_file().read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the local Ray service exited ({proc.returncode}); {_log_file()}:\n{tail}")
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"the local Ray service did not start within {START_TIMEOUT_S:.0f} s; see {_log_file()}")
 
 
-def processes(temp_dir: str | None = None) -> list:
-    """The service's processes: each Ray process names its session folder on its command line."""
+def serve(temp_dir: str, num_cpus: int | None) -> None:
+    """The service process: start Ray, publish its address, own the job runners, wait for SIGTERM."""
+    import ray
+
+    from video_assets.core.inference.service_runner import start_factory
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    with embedded_ray_auth():  # token authentication, as the embedded Ray; its processes inherit it
+        # "local": always a new Ray, never one a stale /tmp/ray/ray_current_cluster points at
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir)
+        factory = start_factory()
+        ray.get(factory.__ray_ready__.remote())
+        # Ray binds its GCS on every interface under the node's address (token-guarded, as the
+        # embedded Ray's); steps on this machine reach it on loopback.
+        gcs = "127.0.0.1:" + ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
+        info = {"address": gcs, "temp_dir": temp_dir, "pid": os.getpid(), "started_at": time.time()}
+        tmp = service_file().with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(service_file())  # readers never see half a file
+        print(f"local Ray service up at {gcs} (pid {os.getpid()})", flush=True)
+        while not stop:
+            time.sleep(0.5)
+        ray.shutdown()  # stops the Ray processes this driver started
+
+
+def processes(temp_dir: str | None = None, session: int | None = None) -> list:
+    """The service's processes: those in its session (it starts in a session of its own, which Ray's
+    processes inherit), and any naming its session folder on the command line."""
     import psutil
 
     temp = temp_dir or str(_temp_dir())
+    session = session or (_info() or {}).get("pid")
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if any(temp in part for part in proc.info["cmdline"] or []):
+            if any(temp in part for part in proc.info["cmdline"] or []) or (session and os.getsid(proc.pid) == session):
                 found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             continue
     return found
 
 
 def down(timeout: float = 30.0) -> int:
-    """Stop every process of the service; returns how many there were."""
+    """Stop the service (it shuts its Ray down), then every process of it still there; returns how
+    many processes there were."""
     import psutil
 
     procs = processes()
-    for proc in procs:
+    pid = (_info() or {}).get("pid")
+    service = next((p for p in procs if p.pid == pid), None)
+    if service is not None:
+        try:
+            service.send_signal(signal.SIGTERM)
+            service.wait(timeout / 2)
+        except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+            pass
+    left = [p for p in procs if p.is_running()]
+    for proc in left:
         try:
             proc.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout / 2)
+    _, alive = psutil.wait_procs(left, timeout=timeout / 4)
     for proc in alive:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=timeout / 2)
+    psutil.wait_procs(alive, timeout=timeout / 4)
     service_file().unlink(missing_ok=True)
     return len(procs)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the long-lived local Ray service (use `video-assets ray up`)")
+    parser.add_argument("--temp-dir", required=True)
+    parser.add_argument("--num-cpus", type=int, default=None)
+    cli = parser.parse_args()
+    serve(cli.temp_dir, cli.num_cpus)

@@ -2,6 +2,7 @@
 caption engine loaded by one batch serves the next, and `ray down` stops every process it started.
 Real Ray processes on 127.0.0.1, the real captions asset, the tiny real model."""
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from resources.settings import embedded_ray_auth, local_ray_address, ray_init_op
 from resources.vlm import VlmSettings
 from tests.conftest import copy_samples
 from video_assets.core.captioning.job import WARM_NAMESPACE
+from video_assets.core.inference.service_runner import FACTORY
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.registration import register_new_files
@@ -37,13 +39,22 @@ def _cli(*args):
     )
 
 
-def _engine_pids(address) -> set[int]:
+def _actor_pids(address) -> dict[str, set[int]]:
+    """The service's warm engines and job runners, by kind: their process ids."""
     with embedded_ray_auth():
         ray.init(address=address)
         try:
             actors = ray.util.list_named_actors(all_namespaces=True)
             names = [a["name"] for a in actors if a["namespace"] == WARM_NAMESPACE]
-            return {ray.get(ray.get_actor(n, namespace=WARM_NAMESPACE).info.remote())["pid"] for n in names}
+            pids: dict[str, set[int]] = {"engine": set(), "runner": set()}
+            for n in names:
+                kind = (
+                    "engine" if n.startswith("caption-engine-") else "runner" if n.startswith("job-runner-") else None
+                )
+                kind = None if n == FACTORY else kind
+                if kind:
+                    pids[kind].add(ray.get(ray.get_actor(n, namespace=WARM_NAMESPACE).info.remote())["pid"])
+            return pids
         finally:
             ray.shutdown()
 
@@ -57,6 +68,9 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
         address = ray_service.service_address()
         assert address and address.startswith("127.0.0.1:") and ray_outlives_steps()
         assert ray_init_options() == {} and local_ray_address() == address
+        cmdlines = [" ".join(p.cmdline()) for p in ray_service.processes()]
+        assert any("gcs_server" in c for c in cmdlines), cmdlines
+        assert not [c for c in cmdlines if "ray.util.client.server" in c]  # no unauthenticated Ray Client port
         res = {
             **resources,
             "mlflow_registry": MlflowRegistry(
@@ -81,11 +95,17 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
             )
             assert result.success
             assert ray_service.service_address() == address  # the service outlived the step
-            pids.append(_engine_pids(address))
-        assert len(pids[0]) == 1 and pids[0] == pids[1]  # one engine, loaded once, served both batches
+            pids.append(_actor_pids(address))
+        # One engine, loaded once, served both batches; both jobs ran in the service's one runner (the
+        # step's rows came back from it), not in the step's own Ray job.
+        assert len(pids[0]["engine"]) == 1 and pids[0]["engine"] == pids[1]["engine"]
+        assert len(pids[0]["runner"]) == 1 and pids[0]["runner"] == pids[1]["runner"]
         caps = pl.read_delta(res["tables"].table_uri("captions"))
         assert caps.height == 3 and (caps["status"] == "ok").all()
     finally:
+        session = json.loads(ray_service.service_file().read_text())["pid"]
         down = _cli("ray", "down")
     assert down.returncode == 0, down.stderr
-    assert ray_service.service_address() is None and not ray_service.processes()
+    # Every process of the service is gone: Ray's agents and workers too, whose command lines do not
+    # name the session folder (they are found by the service's session). No Ray Client server ran.
+    assert ray_service.service_address() is None and not ray_service.processes(session=session)

@@ -26,6 +26,7 @@ import numpy as np
 import ray
 
 from video_assets.core.inference.model_cache import ModelFiles
+from video_assets.core.inference.service_runner import NAMESPACE, IdleExpiry, code_version
 from video_assets.core.media.sampling import SamplingConfig, sample_video
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
@@ -61,6 +62,11 @@ class JobSpec:
     # Tests only: a marker path; the first decode task kills its worker (see _kill_worker_once).
     kill_decode_worker_once: str | None = None
 
+
+# CPU a warm stage's forwarding task holds while its engine works. Not 0: Ray Data (2.60) starves a
+# zero-CPU stage behind a busy CPU stage, holding finished batches back for seconds (measured: first
+# row after about 3 s instead of 1 s, a 20-clip batch 1.5x slower).
+WARM_FORWARD_CPUS = 0.01
 
 DECODE_TASK_RETRIES = 3  # worker deaths only (OOM kill, lost node): decoding is idempotent
 VLM_ACTOR_RESTARTS = 3  # a dead engine actor is restarted and its batch retried this many times
@@ -215,30 +221,19 @@ class CaptionStage:
         return caption_batch(self.engine, self.node, batch, self.prompt, self.max_new_tokens)
 
 
-WARM_NAMESPACE = "video-assets"  # Ray namespace of the engines that outlive a job
+WARM_NAMESPACE = NAMESPACE  # Ray namespace of the engines that outlive a job
 
 
-class WarmEngine:
+class WarmEngine(IdleExpiry):
     """An engine that outlives the job (a detached Ray actor): later batches on the same long-lived Ray
     cluster reuse it instead of spawning an actor and loading the model again. It exits after
     ``idle_s`` without work, giving back its memory (and GPU)."""
 
     def __init__(self, engine: EngineSpec, idle_s: float):
-        import threading
-
         self.engine = build_engine(engine)
         self.max_new_tokens = engine.max_new_tokens
         self.node = _node_id()
-        self.last_used = time.monotonic()
-        threading.Thread(target=self._expire, args=(idle_s,), daemon=True).start()
-
-    def _expire(self, idle_s: float) -> None:
-        while True:
-            time.sleep(min(idle_s, 5.0))
-            if time.monotonic() - self.last_used > idle_s:
-                # no_restart: an expiry is not a crash for max_restarts to undo
-                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-                return
+        self._start_expiry(idle_s)
 
     def info(self) -> dict:
         import os
@@ -246,11 +241,11 @@ class WarmEngine:
         return {"pid": os.getpid(), "node": self.node, "idle_s": time.monotonic() - self.last_used}
 
     def caption(self, batch: dict[str, np.ndarray], prompt: str) -> dict[str, list]:
-        self.last_used = time.monotonic()
+        self._enter()
         try:
             return caption_batch(self.engine, self.node, batch, prompt, self.max_new_tokens)
         finally:
-            self.last_used = time.monotonic()
+            self._leave()
 
 
 def warm_engine_names(spec: JobSpec) -> list[str]:
@@ -258,12 +253,9 @@ def warm_engine_names(spec: JobSpec) -> list[str]:
     decides what an engine computes (model, device, limits, and this code's own version), so a new
     model version or a code change gets new engines and the old ones expire."""
     import hashlib
-    from pathlib import Path
 
     h = hashlib.sha256(repr((spec.engine, spec.vlm_num_gpus, sorted(spec.vlm_resources.items()))).encode())
-    package = Path(__file__).resolve().parents[1]  # video_assets/core: what the engine actor runs
-    for source in sorted(package.rglob("*.py")):
-        h.update(source.read_bytes())
+    h.update(code_version().encode())
     return [f"caption-engine-{h.hexdigest()[:12]}-{i}" for i in range(spec.vlm_concurrency)]
 
 
@@ -324,6 +316,19 @@ RESULT_COLUMNS = [
 ]
 
 
+def decode_slots(spec: JobSpec) -> int:
+    """Decode tasks the job asks Ray Data for: ``cpu_concurrency``, but no more than the CPUs the
+    engines leave free. Asking for more than can run makes Ray Data queue tasks it counts as running,
+    and the stream stalls (measured on 2 CPUs: a 20-clip batch 1.5x slower). vLLM places its engines
+    on GPUs and its own CPU stages, so it keeps ``cpu_concurrency``."""
+    if spec.engine.name == "vllm" or spec.vlm_resources or spec.cpu_resources:
+        return spec.cpu_concurrency  # engines elsewhere, or pinned stages: the cluster total says nothing
+    from video_assets.core.throughput import decode_workers
+
+    cpus = float(ray.cluster_resources().get("CPU", 0))
+    return decode_workers(spec.cpu_concurrency, cpus, spec.vlm_concurrency) if cpus else spec.cpu_concurrency
+
+
 def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     """Run the streaming job over ``rows`` (video_id, batch_key, uri, duration_s, rotation).
 
@@ -338,7 +343,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     ds = ds.flat_map(
         decode_and_sample,
         fn_kwargs={"sampling": spec.sampling, "kill_worker_once": spec.kill_decode_worker_once},
-        compute=ray.data.TaskPoolStrategy(size=spec.cpu_concurrency),
+        compute=ray.data.TaskPoolStrategy(size=decode_slots(spec)),
         num_cpus=1,
         max_retries=DECODE_TASK_RETRIES,
         retry_exceptions=False,
@@ -358,7 +363,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             fn_kwargs={"names": names, "prompt": spec.prompt},
             batch_size=spec.engine.batch_size,
             compute=ray.data.TaskPoolStrategy(size=len(names)),
-            num_cpus=0,  # the engine actor holds the CPU (or GPU) the work runs on
+            num_cpus=WARM_FORWARD_CPUS,  # the engine actor holds the CPU (or GPU) the work runs on
             max_retries=DECODE_TASK_RETRIES,
         )
     else:

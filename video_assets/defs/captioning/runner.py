@@ -16,6 +16,7 @@ from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
 from video_assets.core.captioning.versions import caption_versions, split_key
 from video_assets.core.inference import choose_engine_name
 from video_assets.core.inference.model_cache import ModelFiles
+from video_assets.core.inference.service_runner import streamed
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, SCHEMAS, to_arrow
@@ -100,7 +101,7 @@ def run_captioning(
     previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     n_rows = 0
-    for n_rows, row in enumerate(caption_rows(videos, spec) if videos else [], start=1):
+    for n_rows, row in enumerate(streamed(caption_rows, videos, spec) if videos else [], start=1):
         if first_row_s is None:
             first_row_s = time.perf_counter() - started
         name = printable(row["uri"].rsplit("/", 1)[-1])
