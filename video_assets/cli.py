@@ -244,7 +244,9 @@ def ray_service_command(args) -> int:
 
     if args.action == "up":
         info = ray_service.up(args.num_cpus)
-        print(f"local Ray {'started' if info['started'] else 'already running'} at {info['address']} (this instance's token required)")
+        print(
+            f"local Ray {'started' if info['started'] else 'already running'} at {info['address']} (this instance's token required)"
+        )
     elif args.action == "down":
         print(f"local Ray stopped ({ray_service.down()} processes)")
     else:
