@@ -68,3 +68,30 @@ def test_the_next_batch_reuses_the_loaded_engine_and_idle_engines_exit(local_ray
         time.sleep(1)
     else:
         pytest.fail("the idle warm engine did not exit")
+
+
+@pytest.mark.slow
+def test_a_new_model_stops_an_idle_engine_that_would_leave_no_cpu_for_decoding(local_ray, tiny_model):
+    """On 2 CPUs an idle engine of the previous model holds one and the new engine the other: without
+    eviction no decode task could start until the old engine expired (10 minutes here)."""
+    import threading
+
+    vlm = VlmSettings(cache_dir="/tmp", engine="transformers", max_new_tokens=4, vlm_batch_size=4)
+    spec = job_spec(
+        SamplingConfig(min_frames=2, max_frames=3), vlm, "transformers", ModelFiles(str(tiny_model)), "Describe."
+    )
+    old = replace(spec, warm_idle_s=600.0)
+    new = replace(old, engine=replace(old.engine, max_new_tokens=5))  # another engine: another name
+    [old_name], [new_name] = warm_engine_names(old), warm_engine_names(new)
+    assert [r["status"] for r in caption_rows(_videos(["realshort.mp4"]), old)] == ["ok"]
+    assert ray.get(_engine(old_name).info.remote())["busy"] == 0
+
+    done: list = []
+    worker = threading.Thread(target=lambda: done.extend(caption_rows(_videos(["fire2.mp4"]), new)), daemon=True)
+    worker.start()
+    worker.join(timeout=180)
+    assert not worker.is_alive(), "the job stalled behind the idle engine of the other model"
+    assert [r["status"] for r in done] == ["ok"]
+    with pytest.raises(ValueError):
+        _engine(old_name)  # stopped to make room
+    assert ray.get(_engine(new_name).info.remote())["busy"] == 0

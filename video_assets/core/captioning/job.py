@@ -238,7 +238,7 @@ class WarmEngine(IdleExpiry):
     def info(self) -> dict:
         import os
 
-        return {"pid": os.getpid(), "node": self.node, "idle_s": time.monotonic() - self.last_used}
+        return {"pid": os.getpid(), "node": self.node, "idle_s": time.monotonic() - self.last_used, "busy": self.busy}
 
     def caption(self, batch: dict[str, np.ndarray], prompt: str) -> dict[str, list]:
         self._enter()
@@ -260,8 +260,14 @@ def warm_engine_names(spec: JobSpec) -> list[str]:
 
 
 def ensure_warm_engines(spec: JobSpec) -> list[str]:
-    """Start the job's warm engines unless they are already up; returns their names."""
+    """Start the job's warm engines unless they are already up; returns their names. Idle engines of
+    another model, settings or code version are stopped first when the new ones would not leave a
+    CPU (or the GPUs they need) free: otherwise they would hold it until they expire and the job's
+    decode tasks could never start."""
     names = warm_engine_names(spec)
+    missing = [n for n in names if not _engine_alive(n)]
+    if missing:
+        _evict_idle_engines(keep=names, cpus=len(missing), gpus=len(missing) * spec.vlm_num_gpus)
     actor = ray.remote(WarmEngine)
     for name in names:
         actor.options(
@@ -278,12 +284,59 @@ def ensure_warm_engines(spec: JobSpec) -> list[str]:
     return names
 
 
-def caption_with_warm_engine(batch: dict[str, np.ndarray], names: list[str], prompt: str) -> dict[str, list]:
-    """VLM stage on warm engines: a light task hands the batch to one of them (by its first video)."""
+def _engine_alive(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=WARM_NAMESPACE)
+        return True
+    except ValueError:
+        return False
+
+
+def _evict_idle_engines(keep: list[str], cpus: float, gpus: float) -> list[str]:
+    """Stop idle warm engines not in ``keep`` while the cluster lacks ``cpus`` + 1 free CPUs (one for
+    a decode task) or ``gpus`` free GPUs; returns the names stopped. A busy engine is never stopped."""
+    stopped: list[str] = []
+
+    def short() -> bool:
+        free = ray.available_resources()
+        return free.get("CPU", 0.0) < cpus + 1 or free.get("GPU", 0.0) < gpus
+
+    if not short():
+        return stopped
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        name = actor["name"]
+        if actor["namespace"] != WARM_NAMESPACE or not name.startswith("caption-engine-") or name in keep:
+            continue
+        try:
+            handle = ray.get_actor(name, namespace=WARM_NAMESPACE)
+            if ray.get(handle.info.remote(), timeout=10)["busy"]:
+                continue
+            ray.kill(handle, no_restart=True)
+            stopped.append(name)
+        except Exception:  # gone meanwhile, or not answering: leave it to its own expiry
+            continue
+        deadline = time.monotonic() + 10  # its resources come back when the process is gone
+        while short() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not short():
+            break
+    return stopped
+
+
+def caption_with_warm_engine(
+    batch: dict[str, np.ndarray], names: list[str], prompt: str, spec: JobSpec
+) -> dict[str, list]:
+    """VLM stage on warm engines: a light task hands the batch to one of them (by its first video);
+    an engine stopped meanwhile (evicted for another model, or expired) is started again."""
     import zlib
 
     name = names[zlib.crc32(str(batch["video_id"][0]).encode()) % len(names)]
-    return ray.get(ray.get_actor(name, namespace=WARM_NAMESPACE).caption.remote(batch, prompt))
+    try:
+        engine = ray.get_actor(name, namespace=WARM_NAMESPACE)
+    except ValueError:
+        ensure_warm_engines(spec)
+        engine = ray.get_actor(name, namespace=WARM_NAMESPACE)
+    return ray.get(engine.caption.remote(batch, prompt))
 
 
 # Columns of a segment row that the VLM stage hands on as they came from the CPU stage.
@@ -360,7 +413,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
         names = ensure_warm_engines(spec)
         ds = ds.map_batches(
             caption_with_warm_engine,
-            fn_kwargs={"names": names, "prompt": spec.prompt},
+            fn_kwargs={"names": names, "prompt": spec.prompt, "spec": spec},
             batch_size=spec.engine.batch_size,
             compute=ray.data.TaskPoolStrategy(size=len(names)),
             num_cpus=WARM_FORWARD_CPUS,  # the engine actor holds the CPU (or GPU) the work runs on

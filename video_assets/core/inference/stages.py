@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from video_assets.core.captioning.job import DECODE_TASK_RETRIES, VLM_ACTOR_RESTARTS
+from video_assets.core.inference.service_runner import streamed
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,21 @@ def stream(
 ) -> Iterator[dict]:
     """Run ``rows`` through ``cpu_fn`` (one input row -> any number of rows; None: no CPU stage) and
     ``model_stage`` (an actor class called with batches; None: no model stage, the CPU stage's rows come
-    out as they are); yields the last stage's rows as they come."""
+    out as they are); yields the last stage's rows as they come. The job runs in the long-lived local
+    Ray service's job runner when the step joined one (warm workers), else here."""
     if not rows:
         return
+    yield from streamed(_stream_here, rows, cpu_fn, cpu_kwargs, model_stage, model_kwargs, spec)
+
+
+def _stream_here(
+    rows: list[dict],
+    cpu_fn: Callable[..., list[dict]] | None,
+    cpu_kwargs: dict[str, Any],
+    model_stage: type | None,
+    model_kwargs: dict[str, Any],
+    spec: StageSpec,
+) -> Iterator[dict]:
     import ray.data
 
     ds = ray.data.from_items(rows)
@@ -49,7 +62,7 @@ def stream(
         ds = ds.repartition(len(rows)).flat_map(  # one input per block: decoding spreads wide
             cpu_fn,
             fn_kwargs=cpu_kwargs,
-            compute=ray.data.TaskPoolStrategy(size=spec.cpu_concurrency),
+            compute=ray.data.TaskPoolStrategy(size=_cpu_slots(spec, model_stage is not None)),
             num_cpus=1,
             max_retries=DECODE_TASK_RETRIES,
             retry_exceptions=False,  # a Python error is already an error row
@@ -69,6 +82,19 @@ def stream(
         max_task_retries=VLM_ACTOR_RESTARTS,
     )
     yield from ds.iter_rows()
+
+
+def _cpu_slots(spec: StageSpec, has_model_stage: bool) -> int:
+    """CPU tasks to ask Ray Data for: no more than the CPUs the model actors (1 CPU each) leave, for
+    the reason ``captioning.job.decode_slots`` gives."""
+    import ray
+
+    from video_assets.core.throughput import decode_workers
+
+    cpus = float(ray.cluster_resources().get("CPU", 0))
+    if spec.cpu_resources or not cpus:
+        return spec.cpu_concurrency
+    return decode_workers(spec.cpu_concurrency, cpus, spec.model_concurrency if has_model_stage else 0)
 
 
 def node_id() -> str:
