@@ -36,3 +36,29 @@ def test_calibration_reproduces_its_own_run():
     assert predict(costs, 60.0, 2).wall_s == pytest.approx(30.0)
     with pytest.raises(ValueError, match="captioned video"):
         StageCosts.from_run(cost, video_s=0, requests=0)
+
+
+def test_two_calibration_runs_separate_the_fixed_cost_from_the_per_request_cost():
+    truth = StageCosts(
+        startup_s=2.0,
+        decode_cpu_s_per_video_s=0.1,
+        engine_s_per_request=0.05,
+        requests_per_video_s=0.25,
+        per_request_s=0.1,
+    )
+
+    def run(video_s):  # what a materialisation's metadata would say if the model were the truth
+        requests = int(truth.requests_per_video_s * video_s)
+        cost = {
+            "wall_s": {"total": predict(truth, video_s, 1).wall_s},
+            "busy_s": {"decode_cpu": truth.decode_cpu_s_per_video_s * video_s, "generation": 0.05 * requests},
+        }
+        return cost, video_s, requests
+
+    small, larger, large = run(16.0), run(48.0), run(960.0)
+    fitted = StageCosts.from_runs([small, larger], cpu_workers=1)
+    assert fitted.startup_s == pytest.approx(2.0) and fitted.per_request_s == pytest.approx(0.1)
+    assert predict(fitted, 960.0, 1).wall_s == pytest.approx(large[0]["wall_s"]["total"])
+    # One run cannot tell the two apart: it puts everything in the fixed cost, and underestimates.
+    single = StageCosts.from_run(*small, cpu_workers=1)
+    assert single.per_request_s == 0 and predict(single, 960.0, 1).wall_s < 0.9 * large[0]["wall_s"]["total"]

@@ -207,29 +207,39 @@ def recover(instance: DagsterInstance) -> list[str]:
     return failed
 
 
-def calibration(instance: DagsterInstance, limit: int = 20) -> tuple[dict, float, int]:
-    """The latest captions materialisation that captioned something: its cost breakdown, video seconds
-    and requests (what `predict` calibrates on)."""
+def calibration(instance: DagsterInstance, limit: int = 20, runs: int = 2) -> list[tuple[dict, float, int]]:
+    """The latest captions materialisations that captioned something, of different sizes (up to
+    ``runs``): each one's cost breakdown, video seconds and requests (what `predict` calibrates on)."""
     from dagster import AssetKey
 
+    found: list[tuple[dict, float, int]] = []
     for record in instance.fetch_materializations(AssetKey("captions"), limit=limit, ascending=False).records:
         meta = record.asset_materialization.metadata
         if "cost_breakdown" in meta and meta.get("requests") and meta["requests"].value > 0:
-            return meta["cost_breakdown"].value, float(meta["video_s"].value), int(meta["requests"].value)
-    raise SystemExit("no captions materialisation with measured costs yet: run a batch first (make demo)")
+            requests = int(meta["requests"].value)
+            if requests not in {r for _, _, r in found}:
+                found.append((meta["cost_breakdown"].value, float(meta["video_s"].value), requests))
+            if len(found) == runs:
+                break
+    if not found:
+        raise SystemExit("no captions materialisation with measured costs yet: run a batch first (make demo)")
+    return found
 
 
 def predict_command(args) -> int:
-    """Wall time for N hours of video on M decode workers and E engines, from the last measured batch."""
+    """Wall time for N hours of video on M decode workers and E engines, from the last measured batches."""
     from video_assets.core.throughput import StageCosts, decode_workers, predict
 
-    cost, video_s, requests = calibration(DagsterInstance.get())
-    costs = StageCosts.from_run(cost, video_s, requests)
+    runs = calibration(DagsterInstance.get())
+    costs = StageCosts.from_runs(runs)
     workers = (
         decode_workers(args.cpu_workers, args.cluster_cpus, args.engines) if args.cluster_cpus else args.cpu_workers
     )
     p = predict(costs, args.hours * 3600, workers, args.engines)
-    print(f"calibrated on {video_s:.0f} s of video, {requests} requests: {costs}")
+    sizes = ", ".join(f"{v:.0f} s of video ({r} requests)" for _, v, r in runs)
+    print(f"calibrated on {sizes}: {costs}")
+    if len(runs) < 2:
+        print("one batch size measured: its fixed and per-request costs cannot be told apart (run another size)")
     print(
         f"{args.hours} h of video on {workers} decode workers and {args.engines} engine(s): "
         f"{p.wall_s / 3600:.2f} h wall ({p.wall_s:.0f} s), bound by {p.bound_by}; "

@@ -23,6 +23,9 @@ class StageCosts:
     engine_s_per_request: float  # engine busy seconds per segment request
     requests_per_video_s: float  # segment requests per second of video
     other_s: float = 0.0  # per step: Delta, model resolution, Dagster
+    # Per request, serial, outside both stages: the hand-off of each row to the step, its log line and
+    # its share of the writes; and, with a CPU engine, the stages slowing each other on shared cores.
+    per_request_s: float = 0.0
 
     @classmethod
     def from_run(cls, cost: dict, video_s: float, requests: int, cpu_workers: int = 1, engines: int = 1) -> StageCosts:
@@ -30,22 +33,46 @@ class StageCosts:
         it captioned, the requests it sent) made with ``cpu_workers`` decode tasks at once and
         ``engines`` engines. The fixed cost is what the run's wall time leaves once its stream is
         accounted for, so the model reproduces the run it was calibrated on."""
-        wall, busy = cost["wall_s"], cost["busy_s"]
-        if video_s <= 0 or requests <= 0:
+        return cls.from_runs([(cost, video_s, requests)], cpu_workers, engines)
+
+    @classmethod
+    def from_runs(cls, runs: list[tuple[dict, float, int]], cpu_workers: int = 1, engines: int = 1) -> StageCosts:
+        """Costs from several materialisations ``(cost_breakdown, video_s, requests)`` on the same
+        hardware. Stage rates come from their totals; what each run's wall time leaves once its stream
+        is accounted for is split into a fixed part and a per-request part by a least-squares line
+        (two runs of different sizes or more; one run: all fixed, as ``from_run``)."""
+        if not runs or any(v <= 0 or r <= 0 for _, v, r in runs):
             raise ValueError("a calibration run needs captioned video (video_s > 0, requests > 0)")
+        video = sum(v for _, v, _ in runs)
+        reqs = sum(r for _, _, r in runs)
         per_stage = cls(
             startup_s=0.0,
-            decode_cpu_s_per_video_s=busy["decode_cpu"] / video_s,
-            engine_s_per_request=busy["generation"] / requests,
-            requests_per_video_s=requests / video_s,
+            decode_cpu_s_per_video_s=sum(c["busy_s"]["decode_cpu"] for c, _, _ in runs) / video,
+            engine_s_per_request=sum(c["busy_s"]["generation"] for c, _, _ in runs) / reqs,
+            requests_per_video_s=reqs / video,
         )
-        stream = predict(per_stage, video_s, cpu_workers, engines).wall_s
+        points = [(r, c["wall_s"]["total"] - predict(per_stage, v, cpu_workers, engines).wall_s) for c, v, r in runs]
+        startup, per_request = _line(points)
         return cls(
-            startup_s=max(0.0, wall["total"] - stream),
+            startup_s=startup,
             decode_cpu_s_per_video_s=per_stage.decode_cpu_s_per_video_s,
             engine_s_per_request=per_stage.engine_s_per_request,
             requests_per_video_s=per_stage.requests_per_video_s,
+            per_request_s=per_request,
         )
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Intercept and slope (both >= 0) of the least-squares line through ``points``; a flat line
+    through their mean when they cannot fix a slope."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if n < 2 or sxx == 0:
+        return max(0.0, my), 0.0
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in points) / sxx)
+    return max(0.0, my - slope * mx), slope
 
 
 @dataclass(frozen=True)
@@ -80,7 +107,7 @@ def predict(costs: StageCosts, video_s: float, cpu_workers: int, engines: int = 
     slower, faster = max(decode_s, engine_s), min(decode_s, engine_s)
     # Fill/drain: the first item crosses the faster stage before the slower one is busy.
     per_item = faster / max(1.0, requests)
-    wall = costs.startup_s + costs.other_s + slower + per_item
+    wall = costs.startup_s + costs.other_s + slower + per_item + costs.per_request_s * requests
     ratio = decode_total / engine_total if engine_total else math.inf
     best = max(1, math.ceil(engines * ratio)) if math.isfinite(ratio) else 1
     return Prediction(wall, decode_s, engine_s, "decode" if decode_s >= engine_s else "engine", ratio, best)
