@@ -11,20 +11,26 @@ import polars as pl
 import pytest
 import ray
 from dagster import materialize
+from dagster_ray.configs import Lifecycle
 
 from resources import ray_service
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.settings import embedded_ray_auth, local_ray_address, ray_init_options, ray_outlives_steps
-from resources.vlm import VlmSettings
+from resources.structurer import StructurerSettings
+from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from tests.conftest import copy_samples
 from video_assets.core.captioning.job import WARM_NAMESPACE
 from video_assets.core.inference.service_runner import FACTORY
+from video_assets.core.structuring import usecase as uc_mod
+from video_assets.core.structuring.engines import TransformersStructurer
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.models.assets import caption_prompt, vlm_model
 from video_assets.defs.partitions import video_batches
+from video_assets.defs.structuring.assets import structured_events
+from video_assets.defs.structuring.runner import structure_rows
 
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
 
@@ -37,6 +43,17 @@ def _cli(*args):
         text=True,
         timeout=240,
     )
+
+
+def _engine_infos(address) -> list[dict]:
+    with embedded_ray_auth():
+        ray.init(address=address)
+        try:
+            actors = ray.util.list_named_actors(all_namespaces=True)
+            names = [a["name"] for a in actors if a["name"].startswith("caption-engine-")]
+            return [ray.get(ray.get_actor(n, namespace=WARM_NAMESPACE).info.remote()) for n in names]
+        finally:
+            ray.shutdown()
 
 
 def _actor_pids(address) -> dict[str, set[int]]:
@@ -102,6 +119,37 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
         assert len(pids[0]["runner"]) == 1 and pids[0]["runner"] == pids[1]["runner"]
         caps = pl.read_delta(res["tables"].table_uri("captions"))
         assert caps.height == 3 and (caps["status"] == "ok").all()
+
+        # Structuring with the captioning model runs on the same warm engine (no second copy of the
+        # model in the step) and decodes exactly what a structurer loaded in the step would.
+        res["structurer"] = StructurerSettings(engine="transformers", device="cpu", max_new_tokens=64)
+        res["ray_on_demand"] = EmbeddedRay(
+            ray_init_options=ray_init_options(), address=local_ray_address(), lifecycle=Lifecycle(connect=False)
+        )
+        result = materialize(
+            [structured_events, captions, vlm_model, caption_prompt],
+            selection=[structured_events],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+        )
+        assert result.success
+        after = _actor_pids(address)
+        assert after["engine"] == pids[0]["engine"]  # the same engine process, still the only one
+        [engine] = _engine_infos(address)
+        events = pl.read_delta(res["tables"].table_uri("structured_events")).filter(pl.col("batch_key") == key)
+        assert events.height == 2 and engine["structured"] >= 2
+        uc = uc_mod.load("object_handling")
+        batch_caps = caps.filter(pl.col("batch_key") == key).sort("video_id").to_dicts()
+        local = structure_rows(
+            TransformersStructurer(str(tiny_model_cache / TINY_MODEL_SOURCE), "cpu"),
+            res["structurer"],
+            uc,
+            batch_caps,
+            "local",
+        )
+        got = events.sort("video_id").select("status", "verdict", "raw_output").to_dicts()
+        assert got == [{k: r[k] for k in ("status", "verdict", "raw_output")} for r in local]
     finally:
         session = json.loads(ray_service.service_file().read_text())["pid"]
         down = _cli("ray", "down")

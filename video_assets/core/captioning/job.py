@@ -233,12 +233,20 @@ class WarmEngine(IdleExpiry):
         self.engine = build_engine(engine)
         self.max_new_tokens = engine.max_new_tokens
         self.node = _node_id()
+        self._structurer = None  # built on the first structuring request, on the same loaded model
+        self.structured = 0  # structuring requests served
         self._start_expiry(idle_s)
 
     def info(self) -> dict:
         import os
 
-        return {"pid": os.getpid(), "node": self.node, "idle_s": time.monotonic() - self.last_used, "busy": self.busy}
+        return {
+            "pid": os.getpid(),
+            "node": self.node,
+            "idle_s": time.monotonic() - self.last_used,
+            "busy": self.busy,
+            "structured": self.structured,
+        }
 
     def caption(self, batch: dict[str, np.ndarray], prompt: str) -> dict[str, list]:
         self._enter()
@@ -246,6 +254,41 @@ class WarmEngine(IdleExpiry):
             return caption_batch(self.engine, self.node, batch, prompt, self.max_new_tokens)
         finally:
             self._leave()
+
+    def structure(self, requests: list, batch_size: int) -> list:
+        """Structuring requests (``core.structuring.policy``) on this engine's loaded model: the
+        structurer 'captioner' on the long-lived Ray shares it instead of loading a second copy."""
+        from video_assets.core.structuring.engines import TransformersStructurer
+
+        self._enter()
+        try:
+            if self._structurer is None:
+                self._structurer = TransformersStructurer(loaded=self.engine.loaded)
+            self._structurer.batch_size = max(1, int(batch_size))
+            self.structured += len(requests)
+            return self._structurer.generate(requests)
+        finally:
+            self._leave()
+
+
+class WarmStructurer:
+    """A structuring engine (``generate``) that runs on the warm caption engine of ``spec``, started
+    if it is not up; for the structurer 'captioner' when steps join a Ray that outlives them."""
+
+    name = "transformers (warm caption engine)"
+    speculative_retry = False  # a loaded model: a retry costs only its own (short) generation
+
+    def __init__(self, spec: JobSpec, batch_size: int):
+        self.spec, self.batch_size = spec, batch_size
+        self.engine_name = ensure_warm_engines(spec)[0]
+
+    def generate(self, requests: list) -> list:
+        try:
+            engine = ray.get_actor(self.engine_name, namespace=WARM_NAMESPACE)
+        except ValueError:  # stopped meanwhile (expired, or evicted for another model)
+            ensure_warm_engines(self.spec)
+            engine = ray.get_actor(self.engine_name, namespace=WARM_NAMESPACE)
+        return ray.get(engine.structure.remote(requests, self.batch_size))
 
 
 def warm_engine_names(spec: JobSpec) -> list[str]:

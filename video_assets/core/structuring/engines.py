@@ -25,12 +25,13 @@ class TransformersStructurer:
     name = "transformers"
     speculative_retry = False  # a loaded model: a retry costs only its own (short) generation
 
-    def __init__(self, model_path: str, device: str = "auto", batch_size: int = 4):
+    def __init__(self, model_path: str | None = None, device: str = "auto", batch_size: int = 4, loaded=None):
         import xgrammar as xgr
 
         from video_assets.core.inference import hf
 
-        self.loaded = hf.load(model_path, device)
+        # ``loaded``: a model another engine already holds (the warm caption engine), not loaded again.
+        self.loaded = loaded if loaded is not None else hf.load(model_path, device)
         self.device, self.tokenizer, self.model = self.loaded.device, self.loaded.tokenizer, self.loaded.model
         self.batch_size = max(1, int(batch_size))
         # The grammar's vocabulary must match the logits' width, which can exceed len(tokenizer).

@@ -84,6 +84,14 @@ def job_spec(
     )
 
 
+def warm_engine_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
+    """The spec that names the captions step's warm transformers engine for ``model`` (what another
+    step needs to use the same loaded engine), or None when engines are not kept warm (no Ray that
+    outlives the steps)."""
+    spec = job_spec(SamplingConfig(), vlm, "transformers", model, "")
+    return spec if spec.warm_idle_s > 0 else None
+
+
 def run_captioning(
     log, tables: DeltaTables, todo: pl.DataFrame, spec: JobSpec, stamp: dict, pending: list[dict] | None = None
 ) -> dict:

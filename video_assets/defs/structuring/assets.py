@@ -8,13 +8,19 @@ from pydantic import Field
 
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
+from resources.settings import ray_outlives_steps
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import pending_captions, structuring_versions
 from video_assets.core.tables import KEYS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.runner import batch_captions, cluster_gpus, registered_model_files
+from video_assets.defs.captioning.runner import (
+    batch_captions,
+    cluster_gpus,
+    registered_model_files,
+    warm_engine_spec,
+)
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
@@ -88,7 +94,11 @@ def structured_events(
             files = (
                 registered_model_files(mlflow_registry, vlm, vlm.alias)[0] if structurer.model == CAPTIONER else None
             )
-            engine = make_structurer(structurer, files, connect_ray=lambda: _connect(context, ray_on_demand))
+            warm = None
+            if files is not None and ray_outlives_steps():  # engines stay warm there: share the captions one
+                _connect(context, ray_on_demand)
+                warm = warm_engine_spec(vlm, files)
+            engine = make_structurer(structurer, files, connect_ray=lambda: _connect(context, ray_on_demand), warm=warm)
             context.log.info(f"structuring with {sid} on {getattr(engine, 'name', '?')}")
         rows = structure_rows(engine, structurer, uc, todo, sid, context.log)
         tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])

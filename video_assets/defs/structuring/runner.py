@@ -9,6 +9,7 @@ from dagster import DataVersion
 
 from resources.delta import DeltaTables
 from resources.structurer import CAPTIONER, StructurerSettings
+from video_assets.core.captioning.job import JobSpec
 from video_assets.core.captioning.versions import caption_versions
 from video_assets.core.inference import choose_engine_name, vllm_importable
 from video_assets.core.inference.model_cache import ModelFiles
@@ -23,12 +24,20 @@ def structurer_id(settings: StructurerSettings, model_name: str, model_version: 
     return f"{model_name}/v{model_version}" if settings.model == CAPTIONER else settings.model
 
 
-def make_structurer(settings: StructurerSettings, captioner: ModelFiles | Path | str | None, connect_ray=None):
+def make_structurer(
+    settings: StructurerSettings,
+    captioner: ModelFiles | Path | str | None,
+    connect_ray=None,
+    warm: JobSpec | None = None,
+):
     """The engine for ``settings`` (the captioning model's files when model is 'captioner').
 
     ``connect_ray()`` connects to Ray through the step's Ray resource and returns the cluster's GPU
     count; it is called only when vLLM could run (asked for, or ``auto`` with vLLM installed), so the
-    CPU default never starts Ray for structuring. Without it, the GPUs this process sees decide."""
+    CPU default never starts Ray for structuring. Without it, the GPUs this process sees decide.
+    ``warm``: the captions step's warm engine (the step joined a Ray that outlives it); the
+    'captioner' structurer on transformers then runs on that engine's loaded model, on its device,
+    instead of loading the model again here."""
     files = captioner if isinstance(captioner, ModelFiles) or captioner is None else ModelFiles(str(captioner))
     if settings.model == CAPTIONER and files is None:
         raise ValueError("structuring with the captioning model needs its files")
@@ -41,6 +50,10 @@ def make_structurer(settings: StructurerSettings, captioner: ModelFiles | Path |
         from video_assets.core.structuring.engines import VllmStructurer
 
         return VllmStructurer(settings.vllm_settings(model), files if settings.model == CAPTIONER else None)
+    if warm is not None and settings.model == CAPTIONER:
+        from video_assets.core.captioning.job import WarmStructurer
+
+        return WarmStructurer(warm, settings.batch_size)
     from video_assets.core.structuring.engines import TransformersStructurer
 
     return TransformersStructurer(model, settings.device, settings.batch_size)
