@@ -120,8 +120,16 @@ ray-up: $(BIN)/.installed
 ray-down: $(BIN)/.installed
 	$(BIN)/video-assets ray down
 
+# With the long-lived local Ray (`video-assets ray up`) started first, unless RAY_ADDRESS names a
+# cluster or UI_RAY=embedded: steps join it (warm workers and engines); stopped again when the UI
+# exits, if this target started it.
+UI_RAY ?= service
 ui: $(BIN)/.installed
 	$(BIN)/video-assets init
+	if [ -z "$$RAY_ADDRESS" ] && [ "$(UI_RAY)" = service ]; then \
+	  started=$$($(BIN)/video-assets ray up | grep -c ' started ' || true); \
+	  trap '[ "$$started" = 1 ] && $(BIN)/video-assets ray down' EXIT; \
+	fi; \
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # The MLflow UI on the embedded SQLite store (the evaluation metadata links to it).
