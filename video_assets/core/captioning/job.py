@@ -64,8 +64,9 @@ class JobSpec:
 
 
 # CPU a warm stage's forwarding task holds while its engine works. Not 0: Ray Data (2.60) starves a
-# zero-CPU stage behind a busy CPU stage, holding finished batches back for seconds (measured: first
-# row after about 3 s instead of 1 s, a 20-clip batch 1.5x slower).
+# zero-CPU stage behind a busy CPU stage, holding finished batches back for seconds (measured on 2
+# CPUs: first row after about 3 s instead of 1 s, a 20-clip batch 1.5x slower). The price: where
+# decoding takes the last free CPU, a forwarding task waits for a decode task to end.
 WARM_FORWARD_CPUS = 0.01
 
 DECODE_TASK_RETRIES = 3  # worker deaths only (OOM kill, lost node): decoding is idempotent
