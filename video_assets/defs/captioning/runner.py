@@ -109,7 +109,10 @@ def run_captioning(
     previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     n_rows = 0
-    for n_rows, row in enumerate(streamed(caption_rows, videos, spec) if videos else [], start=1):
+    # In the long-lived local Ray's job runner when it runs (warm workers); a vLLM job stays in the
+    # step, where its processor and model placement are tested (make test-vllm-cpu).
+    jobs = caption_rows(videos, spec) if spec.engine.name == "vllm" else streamed(caption_rows, videos, spec)
+    for n_rows, row in enumerate(jobs if videos else [], start=1):
         if first_row_s is None:
             first_row_s = time.perf_counter() - started
         name = printable(row["uri"].rsplit("/", 1)[-1])
