@@ -413,17 +413,23 @@ RESULT_COLUMNS = [
 ]
 
 
-def decode_slots(spec: JobSpec) -> int:
-    """Decode tasks the job asks Ray Data for: ``cpu_concurrency``, but no more than the CPUs the
-    engines leave free. Asking for more than can run makes Ray Data queue tasks it counts as running,
-    and the stream stalls (measured on 2 CPUs: a 20-clip batch 1.5x slower). vLLM places its engines
-    on GPUs and its own CPU stages, so it keeps ``cpu_concurrency``."""
-    if spec.engine.name == "vllm" or spec.vlm_resources or spec.cpu_resources:
-        return spec.cpu_concurrency  # engines elsewhere, or pinned stages: the cluster total says nothing
+def cpu_task_slots(concurrency: int, engines: int) -> int:
+    """CPU tasks (1 CPU each) a job asks Ray Data for: ``concurrency``, but no more than the CPUs of
+    the connected cluster that ``engines`` (1 CPU each) leave free. Asking for more than can run makes
+    Ray Data queue tasks it counts as running, and the stream stalls (measured on 2 CPUs: a 20-clip
+    batch 1.5x slower)."""
     from video_assets.core.throughput import decode_workers
 
     cpus = float(ray.cluster_resources().get("CPU", 0))
-    return decode_workers(spec.cpu_concurrency, cpus, spec.vlm_concurrency) if cpus else spec.cpu_concurrency
+    return decode_workers(concurrency, cpus, engines) if cpus else concurrency
+
+
+def decode_slots(spec: JobSpec) -> int:
+    """The captioning job's decode tasks (``cpu_task_slots``). vLLM places its engines on GPUs and
+    its own CPU stages, so it keeps ``cpu_concurrency``."""
+    if spec.engine.name == "vllm" or spec.vlm_resources or spec.cpu_resources:
+        return spec.cpu_concurrency  # engines elsewhere, or pinned stages: the cluster total says nothing
+    return cpu_task_slots(spec.cpu_concurrency, spec.vlm_concurrency)
 
 
 def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from video_assets.core.captioning.job import DECODE_TASK_RETRIES, VLM_ACTOR_RESTARTS
+from video_assets.core.captioning.job import DECODE_TASK_RETRIES, VLM_ACTOR_RESTARTS, cpu_task_slots
 from video_assets.core.inference.service_runner import streamed
 
 
@@ -62,7 +62,7 @@ def _stream_here(
         ds = ds.repartition(len(rows)).flat_map(  # one input per block: decoding spreads wide
             cpu_fn,
             fn_kwargs=cpu_kwargs,
-            compute=ray.data.TaskPoolStrategy(size=_cpu_slots(spec, model_stage is not None)),
+            compute=ray.data.TaskPoolStrategy(size=_cpu_slots(spec, model_stage)),
             num_cpus=1,
             max_retries=DECODE_TASK_RETRIES,
             retry_exceptions=False,  # a Python error is already an error row
@@ -84,17 +84,11 @@ def _stream_here(
     yield from ds.iter_rows()
 
 
-def _cpu_slots(spec: StageSpec, has_model_stage: bool) -> int:
-    """CPU tasks to ask Ray Data for: no more than the CPUs the model actors (1 CPU each) leave, for
-    the reason ``captioning.job.decode_slots`` gives."""
-    import ray
-
-    from video_assets.core.throughput import decode_workers
-
-    cpus = float(ray.cluster_resources().get("CPU", 0))
-    if spec.cpu_resources or not cpus:
+def _cpu_slots(spec: StageSpec, model_stage: type | None) -> int:
+    """CPU tasks beside the model actors (1 CPU each); pinned CPU stages keep ``cpu_concurrency``."""
+    if spec.cpu_resources:
         return spec.cpu_concurrency
-    return decode_workers(spec.cpu_concurrency, cpus, spec.model_concurrency if has_model_stage else 0)
+    return cpu_task_slots(spec.cpu_concurrency, spec.model_concurrency if model_stage is not None else 0)
 
 
 def node_id() -> str:
