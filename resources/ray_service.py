@@ -1,5 +1,5 @@
 """A long-lived local Ray for the embedded default (`video-assets ray up`, `make ray-up`): started once
-on 127.0.0.1 with this instance's token, joined by every step instead of starting and stopping a Ray
+with this instance's token, joined by every step instead of starting and stopping a Ray
 of its own, so Ray's start-up is paid once and caption engines stay loaded between batches (warm
 engines, ``warm_engine_idle_s``). Without it, each step embeds its own Ray as before.
 
@@ -87,7 +87,7 @@ def up(num_cpus: int | None = None) -> dict:
             tail = _log_file().read_text(errors="replace")[-2000:]
             raise RuntimeError(f"the local Ray service exited ({proc.returncode}); {_log_file()}:\n{tail}")
         time.sleep(0.2)
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)  # its session: the service and whatever Ray it started
     raise RuntimeError(f"the local Ray service did not start within {START_TIMEOUT_S:.0f} s; see {_log_file()}")
 
 
