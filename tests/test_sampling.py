@@ -23,6 +23,7 @@ from video_assets.core.media.sampling import (
     scene_boundaries,
     segment_ranges,
     snap_to_keyframes,
+    to_rgb,
 )
 
 MANIFEST = SHARED_SAMPLES / "MANIFEST.csv"
@@ -309,7 +310,7 @@ def test_sparse_frames_equal_the_same_frames_from_a_full_decode(name):
     reference = full_decode(name, seg.timestamps)
     assert len(reference) == len(seg.timestamps)
     for t, got in zip(seg.timestamps, seg.frames):
-        ref = reference[round(t, 6)].to_ndarray(format="rgb24", width=w, height=h, interpolation="BICUBIC")
+        ref = to_rgb(reference[round(t, 6)], w, h)
         assert np.abs(ref.astype(int) - got).mean() < 0.5, t
 
 
@@ -452,7 +453,7 @@ def assert_frames_match_full_decode(path: str, seg) -> None:
     h, w = seg.frames.shape[1:3]
     reference = decode_all(path)
     for t, got in zip(seg.timestamps, seg.frames):
-        ref = reference[round(t, 6)].to_ndarray(format="rgb24", width=w, height=h, interpolation="BICUBIC")
+        ref = to_rgb(reference[round(t, 6)], w, h)
         assert np.array_equal(ref, got), t  # bit-identical: nothing a kept frame refers to was skipped
 
 
@@ -507,9 +508,64 @@ def test_keyframe_snapping_returns_keyframes_at_their_real_times(tmp_path):
         assert min(abs(t - k) for k in keys) < 1e-9  # a keyframe, reported at its own presentation time
         assert min(abs(t - f) for f in times) < 1e-9
     assert_frames_match_full_decode(path, seg)
-    assert stats["frames_decoded"] <= len(seg.timestamps) + 2, stats  # keyframes only, no reference chains
+    # Keyframes only: no reference chains, and each run drains its keyframe instead of decoding on to the
+    # next keyframe (which the decoder needs before it lets a held-back keyframe out).
+    assert stats["packets_decoded"] <= len(seg.timestamps) + 2, stats
     exact = sample_video(path, SamplingConfig(motion_densify=False))
     assert exact.segments[0].timestamps != seg.timestamps  # snapping really moved targets
+
+
+def test_snapping_returns_real_keyframes_where_the_mp4_index_holds_decode_times(tmp_path):
+    # HEVC with B-frames in mp4: the index holds decode times, and the delay to presentation time is not
+    # constant (0.08 s on the first keyframe, more after), so snapped targets come from a packet scan.
+    if "libx265" not in av.codecs_available:
+        pytest.skip("PyAV without libx265")
+    path = str(tmp_path / "hevc.mp4")
+    with av.open(path, "w") as out:
+        s = out.add_stream("libx265", rate=25, options={"x265-params": "log-level=error:keyint=25:min-keyint=25"})
+        s.width, s.height, s.pix_fmt = 160, 96, "yuv420p"
+        rng = np.random.default_rng(3)
+        texture = rng.integers(0, 255, (104, 480, 3), dtype=np.uint8)
+        for i in range(250):
+            img = np.ascontiguousarray(texture[4:100, 2 * i % 320 : 2 * i % 320 + 160])
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    keys = generated_times(path, keyframes=True)
+    assert len(keys) == 10
+    result = sample_video(path, SamplingConfig(motion_densify=False, keyframe_snap_s=0.5))
+    seg, stats = result.segments[0], result.decode_stats
+    assert stats["snapped"] == 10 and stats["late_seeks"] == 0 and stats["regated"] is False, stats
+    assert seg.timestamps == pytest.approx(keys, abs=1e-9)
+    assert_frames_match_full_decode(path, seg)
+    assert stats["packets_decoded"] <= 12, stats
+
+
+def test_snapped_targets_reuse_the_keyframes_the_motion_pass_decoded(tmp_path):
+    path = write_gop_clip(tmp_path / "long.mp4", "libx264", frames=500, gop=25)  # 20 s, a keyframe a second
+    # A "long" video (the motion pass runs) and fewer targets than keyframes: every target snaps
+    cfg = SamplingConfig(long_video_s=5.0, keyframe_snap_s=0.6, min_frames=4, max_frames=10)
+    result = sample_video(path, cfg)
+    seg, stats = result.segments[0], result.decode_stats
+    keys = generated_times(path, keyframes=True)
+    assert stats["motion"] == "keyframe_only" and stats["motion_frames_decoded"] == len(keys) == 20
+    assert stats["snapped"] == stats["keyframes_reused"] == len(seg.timestamps) == 10, stats
+    assert stats["seeks"] == 1 and stats["packets_decoded"] == len(keys), stats  # the motion pass alone
+    assert all(min(abs(t - k) for k in keys) < 1e-9 for t in seg.timestamps)
+    assert_frames_match_full_decode(path, seg)
+    # A cache too small for any frame: the same frames, decoded again
+    from video_assets.core.media import sampling
+
+    small = sampling.KEYFRAME_CACHE_BYTES
+    try:
+        sampling.KEYFRAME_CACHE_BYTES = 0
+        again = sample_video(path, cfg)
+    finally:
+        sampling.KEYFRAME_CACHE_BYTES = small
+    assert again.decode_stats["keyframes_reused"] == 0
+    assert again.segments[0].timestamps == seg.timestamps
+    assert np.array_equal(again.segments[0].frames, seg.frames)
 
 
 def test_keyframe_snapping_keeps_exact_frames_where_no_keyframe_is_near(tmp_path):

@@ -35,6 +35,9 @@ from video_assets.core.media.streams import scan_packets, scanned_duration, star
 # Container formats whose index (stream.index_entries) is read from the file before decoding and
 # flags real keyframes. MPEG-PS builds its index while reading and flags nearly every packet.
 INDEXED_FORMATS = ("mp4", "matroska", "avi")
+# Of those, the ones whose index holds decode times: a keyframe's presentation time is its decode time
+# plus a reordering delay that is not constant (HEVC: 0.08 s for the first keyframe, 0.12 s after).
+DECODE_TIME_INDEX = ("mp4",)
 MOTION_SIZE = (64, 36)  # low-res grey frames for motion scores: enough for cuts and big movement
 MOTION_MAX_POINTS = 512  # seek-based motion fallback: at most this many keyframes are decoded
 MOTION_SHARE = 0.5  # densification: share of the samples placed by motion, the rest stay uniform
@@ -45,6 +48,9 @@ CUT_SCORE = 0.15  # frame-to-frame mean absolute grey difference (of 1.0) that r
 # A snapped target is a keyframe time from the index or a packet scan; the decoded frame's time may
 # differ from it by rounding, so it counts as reached this much early (frames are >= 4 ms apart).
 SNAP_EPS_S = 1e-3
+# Keyframes the motion pass decoded are kept, up to this many bytes of decoded pictures, so that targets
+# snapped to them are not decoded a second time (a 768x432 frame is 0.5 MB, a 1080p one 3 MB).
+KEYFRAME_CACHE_BYTES = 128 << 20
 
 
 class SamplingError(Exception):
@@ -288,10 +294,15 @@ def _index_keyframes(container, stream, t0: float) -> list[float]:
     return [k + delay - t0 for k in keys]
 
 
-def _stream_info(container, stream, duration_s: float | None) -> _StreamInfo:
+def _stream_info(container, stream, duration_s: float | None, exact_keys: bool = False) -> _StreamInfo:
+    """Stream start, duration and keyframe times. ``exact_keys``: keyframes must be presentation times
+    (snapping returns them as frames), so a decode-time index gives way to a packet scan (demux only,
+    about 5 us a packet)."""
     t0 = start_s(stream)
     duration, estimated = duration_s or stored_duration(container, stream), False
     keys, packets = _index_keyframes(container, stream, t0), None
+    if exact_keys and any(name in container.format.name for name in DECODE_TIME_INDEX):
+        keys = []
     if not duration or not keys:
         scan = scan_packets(container, stream)
         keys, packets = keys or [k - t0 for k in scan.keyframes], scan.packets
@@ -307,13 +318,15 @@ class _Gate:
     ``before`` that are not keyframes are decoded with skip_frame ``mode`` (NONREF or NONKEY)."""
 
     def __init__(self):
-        self.before, self.mode, self.skipping = -math.inf, "DEFAULT", 0
+        self.before, self.mode, self.skipping, self.drain = -math.inf, "DEFAULT", 0, False
 
     def aim(self, target: float, snapped: bool, last_of_run: bool = False):
         self.before, self.mode = target, "NONKEY" if snapped else "NONREF"
-        if snapped and last_of_run:
-            # Nothing after this keyframe is needed before the next seek: skip the frames the decoder
-            # would otherwise decode while it holds the keyframe back for reordering.
+        # Nothing after this keyframe is needed before the next seek: skip every non-key frame, and
+        # drain the decoder right after the keyframe, which it would otherwise hold back for reordering
+        # until the next keyframe arrives (decoding that one too, only to be sought to again).
+        self.drain = snapped and last_of_run
+        if self.drain:
             self.before = math.inf
 
 
@@ -330,7 +343,8 @@ def _decode_run(container, stream, t0: float, key: float, stats: dict, gate: _Ga
     """Seek to the keyframe at or before `key` and yield (time, frame) forward to the end of the stream."""
     container.seek(max(0, int(round((key + t0) / stream.time_base))), stream=stream, backward=True)
     stats["seeks"] += 1
-    ctx, tb, mode = stream.codec_context, float(stream.time_base), None
+    ctx, tb = stream.codec_context, float(stream.time_base)
+    mode = ctx.skip_frame  # a pass may have set its own (the motion pass: NONKEY)
     for packet in container.demux(stream):
         if gate is not None:
             # Decided per packet from its presentation time, known before decoding: only frames that
@@ -340,8 +354,17 @@ def _decode_run(container, stream, t0: float, key: float, stats: dict, gate: _Ga
             if want != mode:
                 ctx.skip_frame = mode = want
             gate.skipping += want != "DEFAULT"
+        stats["packets_decoded"] += mode != "NONKEY" or packet.is_keyframe  # not ruled out before decoding
         try:
             frames = packet.decode()
+            if gate is not None and gate.drain and packet.is_keyframe:
+                # Drained, the decoder takes no packet until flushed; flushed, it starts clean at the
+                # next keyframe, as after a seek. Frames in between are skipped anyway.
+                drained = ctx.decode(None)
+                ctx.flush_buffers()
+                for frame in drained:  # PyAV leaves drained frames without a time base
+                    frame.time_base = stream.time_base
+                frames = [*frames, *drained]
         except av.error.FFmpegError:  # damaged packet: the decoder usually recovers a few packets on
             stats["decode_errors"] += 1
             continue
@@ -364,6 +387,38 @@ def _start_run(container, stream, info: _StreamInfo, key: float, first_target: f
         key = earlier[-1]
 
 
+class _KeyframeCache:
+    """Decoded keyframes by presentation time, kept while they fit in ``budget`` bytes."""
+
+    def __init__(self, budget: int | None = None):
+        self.left = KEYFRAME_CACHE_BYTES if budget is None else budget
+        self.times, self.frames = [], []
+
+    def keep(self, t: float, frame) -> None:
+        size = sum(plane.buffer_size for plane in frame.planes)
+        if size <= self.left:
+            self.left -= size
+            i = bisect.bisect(self.times, t)
+            self.times.insert(i, t)
+            self.frames.insert(i, frame)
+
+    def get(self, t: float):
+        """(time, frame) of the kept keyframe at ``t`` (a keyframe time, up to SNAP_EPS_S), or None."""
+        i = bisect.bisect_left(self.times, t - SNAP_EPS_S)
+        if i < len(self.times) and abs(self.times[i] - t) < SNAP_EPS_S:
+            return self.times[i], self.frames[i]
+        return None
+
+
+def _new_stats() -> dict:
+    """Decode counters. frames_decoded: frames the decoder returned, kept or not. packets_decoded: packets
+    handed to it that keyframe-only skipping did not rule out; it counts the decoder's work where frames
+    never come out (a keyframe it holds back when the run ends), and includes what NONREF skipping drops."""
+    return dict(
+        frames_decoded=0, packets_decoded=0, motion_frames_decoded=0, cut_frames_decoded=0, seeks=0, late_seeks=0
+    ) | dict(decode_errors=0, motion=None, regated=False, keyframes_reused=0)
+
+
 class _Regate(Exception):
     """The stream ended before every target with frames skipped: the fill-in needs them all."""
 
@@ -379,6 +434,7 @@ def _collect(
     lower=None,
     snapped: list[bool] | None = None,
     skip: bool = False,
+    cache: _KeyframeCache | None = None,
 ):
     """For each sorted target the first not yet used frame at or after it: [(time, converted, target_index)].
 
@@ -387,15 +443,17 @@ def _collect(
     up to `spare` skipped frames of the last run (not before lower[i], the segment start of the first
     unserved target) fill in, so short clips still reach the frame floor; if the decoder skipped
     frames on that run, the whole collection is redone without skipping so the fill-in is unchanged.
+    A snapped target alone in its group whose keyframe is in ``cache`` is taken from there: no seek,
+    no decode.
     """
     try:
-        return _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, skip)
+        return _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, skip, cache)
     except _Regate:
         stats["regated"] = True
-        return _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, False)
+        return _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, False, cache)
 
 
-def _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, skip):
+def _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, skip, cache):
     picks: list[tuple[float, object, int]] = []
     skipped: deque = deque(maxlen=spare)
     snapped = snapped or [False] * len(targets)
@@ -409,6 +467,12 @@ def _collect_once(container, stream, info, targets, convert, stats, spare, lower
 
     groups = plan_seeks(targets, info.keyframes)
     for g, (key, group) in enumerate(groups):
+        kept = cache.get(group[0]) if cache and len(group) == 1 and keyframe_pick(group[0]) else None
+        if kept is not None:
+            picks.append((kept[0], convert(kept[1]), order))
+            stats["keyframes_reused"] += 1
+            order += 1
+            continue
         # A later group decodes on from this run only when its keyframe lies at or before the cursor,
         # never the case after a keyframe pick that ends its group.
         ends_run = g + 1 == len(groups) or groups[g + 1][0] > group[-1]
@@ -441,6 +505,19 @@ def _collect_once(container, stream, info, targets, convert, stats, spare, lower
     return picks
 
 
+# Planar YUV is scaled in YUV, chroma at its own resolution, and converted to RGB after: about 2x
+# cheaper than swscale's YUV-to-RGB resize in one step (1.7 vs 0.7 ms a 768x432 frame), within 1-2
+# levels of it on average. Other formats (RGB, paletted) take the one step.
+SCALE_IN_YUV = ("yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p")
+
+
+def to_rgb(frame, width: int, height: int) -> np.ndarray:
+    """The frame as RGB at width x height (bicubic): the one conversion every sampled frame goes through."""
+    if frame.format.name in SCALE_IN_YUV and (frame.width, frame.height) != (width, height):
+        frame = frame.reformat(width=width, height=height, interpolation="BICUBIC")
+    return frame.to_ndarray(format="rgb24", width=width, height=height, interpolation="BICUBIC")
+
+
 class _Converter:
     """RGB at the budgeted size with rotation applied; size and rotation fixed by the first frame."""
 
@@ -458,8 +535,7 @@ class _Converter:
         w, h = self.size
         if rotation_turns(self.rotation) % 2:
             w, h = h, w
-        rgb = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation="BICUBIC")
-        return apply_rotation(rgb, self.rotation)
+        return apply_rotation(to_rgb(frame, w, h), self.rotation)
 
 
 def _grey(frame) -> np.ndarray:
@@ -475,11 +551,18 @@ def _scores(times_and_greys) -> list[tuple[float, float]]:
     return out
 
 
-def keyframe_motion(source: str, info: _StreamInfo, stats: dict, cfg: SamplingConfig = SamplingConfig()):
+def keyframe_motion(
+    source: str,
+    info: _StreamInfo,
+    stats: dict,
+    cfg: SamplingConfig = SamplingConfig(),
+    cache: _KeyframeCache | None = None,
+):
     """(time, score) per keyframe: mean absolute grey difference to the previous keyframe, in [0, 1].
 
     Keyframe-only decoding (skip_frame NONKEY) is the cheap path. Codecs that ignore skip_frame
     (VP9, cinepak) return non-key frames: then each known keyframe is sought and decoded alone.
+    The keyframes decoded go to ``cache`` when one is given (snapped targets reuse them).
     """
     with open_container(source, SamplingError) as container:
         stream = _open_stream(container, cfg)
@@ -490,6 +573,8 @@ def keyframe_motion(source: str, info: _StreamInfo, stats: dict, cfg: SamplingCo
             if not frame.key_frame:
                 break
             greys.append((t, _grey(frame)))
+            if cache is not None:
+                cache.keep(t, frame)
         else:
             stats["motion"] = "keyframe_only"
             return _scores(greys)
@@ -545,10 +630,10 @@ def adjacent_motion(
     return out
 
 
-def _plan(cfg: SamplingConfig, info: _StreamInfo, source: str, stats: dict):
+def _plan(cfg: SamplingConfig, info: _StreamInfo, source: str, stats: dict, cache: _KeyframeCache | None = None):
     """[((start, end), targets, snapped)] per segment. Motion and cut passes run only when the config needs them."""
     long_video = cfg.motion_densify and info.duration_s > cfg.long_video_s
-    motion = keyframe_motion(source, info, stats, cfg) if (long_video or cfg.scene_split) else []
+    motion = keyframe_motion(source, info, stats, cfg, cache) if (long_video or cfg.scene_split) else []
     cuts = []
     if cfg.scene_split:
         spans = cut_candidates(motion, info.duration_s)
@@ -577,21 +662,24 @@ def sample_video(
     opens the source anew and closes what it opened."""
     began = time.perf_counter()
     source = str(source)
-    stats = dict(frames_decoded=0, motion_frames_decoded=0, cut_frames_decoded=0, seeks=0, late_seeks=0)
-    stats.update(decode_errors=0, motion=None, regated=False)
+    stats = _new_stats()
     with open_container(source, SamplingError) as container:
         if not container.streams.video:
             raise SamplingError("no video stream")
         stream = _open_stream(container, cfg)
         try:
-            info = _stream_info(container, stream, duration_s)
-            plans = _plan(cfg, info, source, stats)
+            info = _stream_info(container, stream, duration_s, exact_keys=cfg.keyframe_snap_s > 0)
+            # Snapped targets are keyframes the motion pass (when it runs) has decoded already.
+            cache = _KeyframeCache() if cfg.keyframe_snap_s > 0 else None
+            plans = _plan(cfg, info, source, stats, cache)
             targets = [t for _, ts, _ in plans for t in ts]
             snapped = [s for _, _, ss in plans for s in ss]
             owner = [i for i, (_, ts, _) in enumerate(plans) for _ in ts]
             lower = [plans[i][0][0] for i in owner]
             convert = _Converter(cfg, rotation)
-            picks = _collect(container, stream, info, targets, convert, stats, cfg.min_frames, lower, snapped, True)
+            picks = _collect(
+                container, stream, info, targets, convert, stats, cfg.min_frames, lower, snapped, True, cache
+            )
         except av.error.FFmpegError as exc:
             raise SamplingError(f"decoding failed: {_readable(exc)}") from exc
     if not picks:
@@ -624,8 +712,7 @@ def sample_times(
     the times of the frames found and the frames; a time past the end of the stream is left out."""
     if not times:
         return [], np.zeros((0, 1, 1, 3), np.uint8)
-    stats = dict(frames_decoded=0, motion_frames_decoded=0, cut_frames_decoded=0, seeks=0, late_seeks=0)
-    stats.update(decode_errors=0, motion=None, regated=False)
+    stats = _new_stats()
     targets = sorted(set(float(t) for t in times))
     with open_container(str(source), SamplingError) as container:
         if not container.streams.video:
