@@ -125,7 +125,9 @@ def rows(clips: list[Path] | None = None, work: Path | None = None) -> list[dict
                 "baseline": f"{LARGE}-clip batch",
                 "baseline_s": large["wall_s"]["total"],
                 "ratio": small["wall_s"]["total"] / large["wall_s"]["total"],
-                "target": "< 0.5",
+                # The targets are for the steady state (a long-lived Ray, warm engines); a Ray
+                # per step is measured for comparison.
+                "target": "< 0.5" if warm else "(for comparison)",
                 "note": "engine already loaded" if warm else "Ray start + actor + model load in every batch",
             },
             {
@@ -134,7 +136,7 @@ def rows(clips: list[Path] | None = None, work: Path | None = None) -> list[dict
                 "baseline": "decode CPU + generation busy",
                 "baseline_s": work_s,
                 "ratio": large["wall_s"]["total"] / work_s if work_s else float("nan"),
-                "target": "<= 1.5x",
+                "target": "<= 1.5x" if warm else "(for comparison)",
                 "note": parts,
             },
         ]
