@@ -11,7 +11,7 @@ import ray
 
 from resources.settings import embedded_ray_auth
 from resources.vlm import VlmSettings
-from video_assets.core.captioning.job import WARM_NAMESPACE, caption_rows, warm_engine_names
+from video_assets.core.captioning.job import WARM_NAMESPACE, caption_rows, ensure_warm_engines, warm_engine_names
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.defs.captioning.runner import job_spec
@@ -95,3 +95,29 @@ def test_a_new_model_stops_an_idle_engine_that_would_leave_no_cpu_for_decoding(l
     with pytest.raises(ValueError):
         _engine(old_name)  # stopped to make room
     assert ray.get(_engine(new_name).info.remote())["busy"] == 0
+
+
+@pytest.mark.slow
+def test_an_engine_that_dies_under_a_batch_is_started_again_and_nothing_is_lost(local_ray, tiny_model):
+    """The job's driver hands batches to the warm engine (two queued): killing the engine mid-job
+    fails the batches it held; they go to a new engine, and every segment comes back once, ok."""
+    # Long generations: the batch queued behind the first one is still at the engine when it is killed.
+    vlm = VlmSettings(cache_dir="/tmp", engine="transformers", max_new_tokens=64, vlm_batch_size=1)
+    spec = job_spec(
+        SamplingConfig(min_frames=2, max_frames=3), vlm, "transformers", ModelFiles(str(tiny_model)), "Describe."
+    )
+    spec = replace(spec, warm_idle_s=60.0)
+    [name] = warm_engine_names(spec)
+    names = ["realshort.mp4", "asl_eat.mkv", "fire2.mp4", "tree.avi", "carphone_distorted.mp4"]
+    ensure_warm_engines(spec)
+    before = ray.get(_engine(name).info.remote())["pid"]  # asked now: later it would queue behind batches
+    rows = caption_rows(_videos(names), spec)
+    first = next(rows)
+    ray.kill(_engine(name), no_restart=True)  # the next batch is at it: the driver keeps two queued
+    rest = list(rows)
+    got = [first, *rest]
+    assert sorted(r["video_id"] for r in got) == sorted(names)  # each once
+    assert all(r["status"] == "ok" and r["prose"] for r in got), [
+        (r["video_id"], r["status"], r["error"], r["prose"]) for r in got
+    ]
+    assert ray.get(_engine(name).info.remote())["pid"] != before  # served by a new engine

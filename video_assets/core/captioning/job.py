@@ -69,6 +69,8 @@ class JobSpec:
 
 # Batches queued at each warm engine, so that the next is there when one finishes.
 WARM_IN_FLIGHT = 2
+# Times a batch is sent again to a warm engine that died under it (started again in between).
+WARM_RESENDS = 2
 
 DECODE_TASK_RETRIES = 3  # worker deaths only (OOM kill, lost node): decoding is idempotent
 VLM_ACTOR_RESTARTS = 3  # a dead engine actor is restarted and its batch retried this many times
@@ -389,15 +391,20 @@ def _caption_on_warm_engines(ds, spec: JobSpec) -> Iterator[dict]:
     Not a Ray Data stage of light tasks that call the engine: such a task took the worker the next
     decode task was waiting for, and the two stages took turns (measured on 2 CPUs: four decodes, then
     the engine, then four decodes; a 32-clip batch 1.3x slower than decoding and captioning side by
-    side). An engine that dies under a batch is started again and the batch sent once more."""
+    side). An engine that dies under a batch (killed, evicted, out of memory) is started again and
+    the batch sent again, up to ``WARM_RESENDS`` times; then the job fails, losing nothing silently."""
     names = ensure_warm_engines(spec)
     pending: deque = deque()
 
     def finish(name, batch, ref) -> Iterator[dict]:
-        try:
-            out = ray.get(ref)
-        except ray.exceptions.RayActorError:
-            out = ray.get(_warm_engine(name, spec).caption.remote(batch, spec.prompt))
+        for resend in range(WARM_RESENDS + 1):
+            try:
+                out = ray.get(ref)
+                break
+            except ray.exceptions.RayActorError:
+                if resend == WARM_RESENDS:
+                    raise
+                ref = _warm_engine(name, spec).caption.remote(batch, spec.prompt)
         for i in range(len(out["video_id"])):
             yield {k: _plain(out[k][i]) for k in RESULT_COLUMNS}
 
