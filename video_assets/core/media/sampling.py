@@ -300,9 +300,8 @@ def _stream_info(container, stream, duration_s: float | None, exact_keys: bool =
     about 5 us a packet)."""
     t0 = start_s(stream)
     duration, estimated = duration_s or stored_duration(container, stream), False
-    keys, packets = _index_keyframes(container, stream, t0), None
-    if exact_keys and any(name in container.format.name for name in DECODE_TIME_INDEX):
-        keys = []
+    decode_times = exact_keys and any(name in container.format.name for name in DECODE_TIME_INDEX)
+    keys, packets = ([] if decode_times else _index_keyframes(container, stream, t0)), None
     if not duration or not keys:
         scan = scan_packets(container, stream)
         keys, packets = keys or [k - t0 for k in scan.keyframes], scan.packets
@@ -414,9 +413,10 @@ def _new_stats() -> dict:
     """Decode counters. frames_decoded: frames the decoder returned, kept or not. packets_decoded: packets
     handed to it that keyframe-only skipping did not rule out; it counts the decoder's work where frames
     never come out (a keyframe it holds back when the run ends), and includes what NONREF skipping drops."""
-    return dict(
-        frames_decoded=0, packets_decoded=0, motion_frames_decoded=0, cut_frames_decoded=0, seeks=0, late_seeks=0
-    ) | dict(decode_errors=0, motion=None, regated=False, keyframes_reused=0)
+    counters = ("frames_decoded", "packets_decoded", "motion_frames_decoded", "cut_frames_decoded", "seeks")
+    return dict.fromkeys(counters, 0) | dict(
+        late_seeks=0, decode_errors=0, keyframes_reused=0, motion=None, regated=False
+    )
 
 
 class _Regate(Exception):
@@ -562,7 +562,8 @@ def keyframe_motion(
 
     Keyframe-only decoding (skip_frame NONKEY) is the cheap path. Codecs that ignore skip_frame
     (VP9, cinepak) return non-key frames: then each known keyframe is sought and decoded alone.
-    The keyframes decoded go to ``cache`` when one is given (snapped targets reuse them).
+    On the keyframe-only path the keyframes go to ``cache`` when one is given (snapped targets reuse
+    them); the seek-per-keyframe path keeps none.
     """
     with open_container(source, SamplingError) as container:
         stream = _open_stream(container, cfg)
