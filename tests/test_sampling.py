@@ -14,6 +14,7 @@ from video_assets.core.media.sampling import (
     SamplingConfig,
     SamplingError,
     _index_keyframes,
+    _Reformatters,
     apply_rotation,
     densify_around_motion,
     fit_to_budget,
@@ -312,6 +313,22 @@ def test_sparse_frames_equal_the_same_frames_from_a_full_decode(name):
     for t, got in zip(seg.timestamps, seg.frames):
         ref = to_rgb(reference[round(t, 6)], w, h)
         assert np.abs(ref.astype(int) - got).mean() < 0.5, t
+
+
+def test_one_set_of_swscale_contexts_converts_a_mix_of_frames_as_fresh_ones_do():
+    """The sampler keeps its swscale contexts across frames (_Reformatters); frames of other sizes and
+    pixel formats in between (YUV scaled in YUV, cinepak's RGB in one step) must not change a pixel."""
+    frames = []
+    for name in ("bikes.mp4", "tree.avi", "cockatoo.mp4"):
+        with av.open(clip(name)) as c:
+            frames += [f for _, f in zip(range(3), c.decode(video=0))]
+    assert len({(f.width, f.height, f.format.name) for f in frames}) >= 2
+    shared = _Reformatters()
+    for size in ((224, 126), (160, 96)):
+        for f in frames:
+            fresh = to_rgb(f, *size)
+            assert fresh.shape == (size[1], size[0], 3)
+            assert np.array_equal(to_rgb(f, *size, shared), fresh)
 
 
 @pytest.mark.parametrize("name", [LONG, "cockatoo.mp4", "bikes.mp4", "asl_eat.mkv", "tree.avi"])

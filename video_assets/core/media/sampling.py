@@ -28,6 +28,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 from video_assets.core.media.source import open_container
 from video_assets.core.media.streams import scan_packets, scanned_duration, start_s, stored_duration
@@ -511,11 +512,20 @@ def _collect_once(container, stream, info, targets, convert, stats, spare, lower
 SCALE_IN_YUV = ("yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p")
 
 
-def to_rgb(frame, width: int, height: int) -> np.ndarray:
+class _Reformatters:
+    """swscale contexts kept across the frames of one video. ``frame.reformat`` builds a new context for
+    every frame, which is a third of a 768x432 frame's conversion (1.2 vs 0.8 ms); the pixels are the same."""
+
+    def __init__(self):
+        self.scale, self.rgb, self.grey = VideoReformatter(), VideoReformatter(), VideoReformatter()
+
+
+def to_rgb(frame, width: int, height: int, reformatters: _Reformatters | None = None) -> np.ndarray:
     """The frame as RGB at width x height (bicubic): the one conversion every sampled frame goes through."""
+    r = reformatters or _Reformatters()
     if frame.format.name in SCALE_IN_YUV and (frame.width, frame.height) != (width, height):
-        frame = frame.reformat(width=width, height=height, interpolation="BICUBIC")
-    return frame.to_ndarray(format="rgb24", width=width, height=height, interpolation="BICUBIC")
+        frame = r.scale.reformat(frame, width=width, height=height, interpolation="BICUBIC")
+    return r.rgb.reformat(frame, format="rgb24", width=width, height=height, interpolation="BICUBIC").to_ndarray()
 
 
 class _Converter:
@@ -523,6 +533,7 @@ class _Converter:
 
     def __init__(self, cfg: SamplingConfig, rotation: int | None):
         self.cfg, self.rotation, self.size = cfg, rotation, None
+        self.reformatters = _Reformatters()
 
     def __call__(self, frame) -> np.ndarray:
         if self.size is None:
@@ -535,12 +546,19 @@ class _Converter:
         w, h = self.size
         if rotation_turns(self.rotation) % 2:
             w, h = h, w
-        return apply_rotation(to_rgb(frame, w, h), self.rotation)
+        return apply_rotation(to_rgb(frame, w, h, self.reformatters), self.rotation)
 
 
-def _grey(frame) -> np.ndarray:
-    w, h = MOTION_SIZE
-    return frame.to_ndarray(format="gray", width=w, height=h, interpolation="AREA").astype(np.float32)
+class _Grey:
+    """Low-res grey pictures for motion scores, one swscale context for the whole pass."""
+
+    def __init__(self):
+        self.reformatter = VideoReformatter()
+
+    def __call__(self, frame) -> np.ndarray:
+        w, h = MOTION_SIZE
+        small = self.reformatter.reformat(frame, format="gray", width=w, height=h, interpolation="AREA")
+        return small.to_ndarray().astype(np.float32)
 
 
 def _scores(times_and_greys) -> list[tuple[float, float]]:
@@ -568,12 +586,12 @@ def keyframe_motion(
     with open_container(source, SamplingError) as container:
         stream = _open_stream(container, cfg)
         stream.codec_context.skip_frame = "NONKEY"
-        greys = []
+        greys, grey = [], _Grey()
         for t, frame in _decode_run(container, stream, info.t0, 0.0, stats):
             stats["motion_frames_decoded"] += 1
             if not frame.key_frame:
                 break
-            greys.append((t, _grey(frame)))
+            greys.append((t, grey(frame)))
             if cache is not None:
                 cache.keep(t, frame)
         else:
@@ -588,7 +606,7 @@ def keyframe_motion(
         stream = _open_stream(container, cfg)
         before = stats["frames_decoded"]
         # The targets are keyframes: nothing between them needs decoding (where the decoder obeys).
-        picks = _collect(container, stream, info, keys, _grey, stats, 0, None, [True] * len(keys), True)
+        picks = _collect(container, stream, info, keys, _Grey(), stats, 0, None, [True] * len(keys), True)
         stats["motion_frames_decoded"] += stats["frames_decoded"] - before
     stats["motion"] = "seek_per_keyframe"
     return _scores((t, g) for t, g, _ in picks)
@@ -616,13 +634,13 @@ def adjacent_motion(
     out: list[tuple[float, float]] = []
     with open_container(source, SamplingError) as container:
         stream = _open_stream(container, cfg)
-        run, cursor, prev = None, -math.inf, None
+        run, cursor, prev, to_grey = None, -math.inf, None, _Grey()
         for a, b in spans:
             if run is None or cursor < a:
                 run, prev = _start_run(container, stream, info, a, a, stats), None
             for t, frame in run:
                 stats["cut_frames_decoded"] += 1
-                cursor, grey = t, _grey(frame)
+                cursor, grey = t, to_grey(frame)
                 if prev is not None:
                     out.append((t, float(np.abs(grey - prev).mean() / 255.0)))
                 prev = grey

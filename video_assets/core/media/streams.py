@@ -38,14 +38,14 @@ def scan_packets(container, stream, limit: int | None = None) -> PacketScan:
     callers scan in full only when the container stores no duration (or index) to trust.
     """
     scan = PacketScan()
-    tb = stream.time_base
+    tb = float(stream.time_base)  # float, not Fraction: Fraction arithmetic was most of a scan's Python time
     for packet in container.demux(stream):
         if packet.size == 0 and packet.pts is None:  # flush packet
             continue
         scan.packets += 1
         if packet.pts is not None:
-            t = float(packet.pts * tb)
-            t_end = t + float((packet.duration or 0) * tb)
+            t = packet.pts * tb
+            t_end = t + (packet.duration or 0) * tb
             scan.end_s = t_end if scan.end_s is None else max(scan.end_s, t_end)
             if packet.is_keyframe:
                 scan.keyframes.append(t)
