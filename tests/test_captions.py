@@ -102,3 +102,64 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
     assert again.height == rows.height
     mat = instance.get_latest_materialization_event(AssetKey("captions")).asset_materialization
     assert mat.metadata["videos_cached"].value == len(GOOD)
+
+
+@pytest.mark.slow
+def test_a_backfill_of_several_batches_is_captioned_in_one_run(instance, volume_dir, dagster_home, tiny_model_cache):
+    """BackfillPolicy.single_run: a range of batches is one step and one Ray job (Ray and the model start
+    once); every video lands in its own batch's rows, and a batch without video_metadata is named."""
+    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+    from resources.delta import DeltaTables
+    from resources.volume import VideoVolume
+
+    copy_samples(volume_dir, GOOD)
+    res = {
+        "volume": VideoVolume(uri=str(volume_dir), batch_size=2),
+        "tables": DeltaTables(root_uri=str(dagster_home / "tables")),
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{dagster_home}/mlflow.db", artifact_root=str(dagster_home / "art")
+        ),
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=8),
+        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+    }
+    keys = list(register_new_files(res["volume"], res["tables"]).batches)
+    assert len(keys) == 2
+    instance.add_dynamic_partitions(video_batches.name, keys)
+    assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+    for key in keys:
+        assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
+
+    def caption_range(first, last):
+        return materialize(
+            [captions, vlm_model, caption_prompt, raw_videos, video_metadata],
+            selection=[captions],
+            instance=instance,
+            resources=res,
+            run_config=RUN_CONFIG,
+            tags={ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last},
+            raise_on_error=False,
+        )
+
+    result = caption_range(keys[0], keys[-1])
+    assert result.success
+    mats = result.asset_materializations_for_node("captions")  # both batches, by this one run
+    assert sorted(m.partition for m in mats) == sorted(keys)
+    assert mats[0].metadata["batches"].value == 2 and mats[0].metadata["videos_captioned"].value == len(GOOD)
+    assert instance.get_materialized_partitions(AssetKey("captions")) == set(keys)
+    rows = pl.read_delta(res["tables"].table_uri("captions"))
+    videos = pl.read_delta(res["tables"].table_uri("video_metadata")).select("video_id", "batch_key")
+    assert rows.filter(pl.col("status") == "ok").height == len(GOOD)
+    joined = rows.join(videos, on="video_id", suffix="_probed")
+    assert joined.height == len(GOOD) and (joined["batch_key"] == joined["batch_key_probed"]).all()
+    assert set(rows["batch_key"]) == set(keys)
+
+    # A third batch registered but never probed: the range names it and captions nothing.
+    copy_samples(volume_dir, ["carphone_pristine.mp4"])
+    [late] = register_new_files(res["volume"], res["tables"]).batches
+    instance.add_dynamic_partitions(video_batches.name, [late])
+    failed = caption_range(keys[0], late)
+    assert not failed.success
+    [event] = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert repr(late) in event.step_failure_data.error.message
+    assert pl.read_delta(res["tables"].table_uri("captions")).height == rows.height

@@ -106,17 +106,41 @@ def register_model(instance: DagsterInstance) -> bool:
 
 
 def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
+    """The batch pipeline for ``keys``: one run per stretch of consecutive batches (a partition range, as
+    a backfill runs it: every per-batch asset takes a range in one step), so Ray and the models start
+    once per step, not once a batch."""
+    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
     from video_assets.definitions import defs
+    from video_assets.defs.partitions import video_batches
 
     job = defs.resolve_job_def("batch_pipeline")
     ok = True
-    for key in keys:
+    for first, last in consecutive_ranges(instance.get_dynamic_partitions(video_batches.name), keys):
         started = time.monotonic()
-        result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False, run_config=QUIET)
+        if first == last:
+            label, target = f"batch {first}", {"partition_key": first}
+        else:
+            label = f"batches {first}...{last}"
+            target = {"tags": {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}}
+        result = job.execute_in_process(**target, instance=instance, raise_on_error=False, run_config=QUIET)
         status = "succeeded" if result.success else "FAILED"
-        print(f"batch {key}: run {result.run_id} {status} in {time.monotonic() - started:.1f}s")
+        print(f"{label}: run {result.run_id} {status} in {time.monotonic() - started:.1f}s")
         ok &= result.success
     return ok
+
+
+def consecutive_ranges(order: list[str], keys: list[str]) -> list[tuple[str, str]]:
+    """``keys`` as (first, last) ranges of consecutive partitions in ``order`` (the partitions' order)."""
+    wanted, ranges, previous = set(keys), [], None
+    for i, key in enumerate(order):
+        if key in wanted:
+            if ranges and previous == i - 1:
+                ranges[-1] = (ranges[-1][0], key)
+            else:
+                ranges.append((key, key))
+            previous = i
+    return ranges
 
 
 def demo(args) -> int:

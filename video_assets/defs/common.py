@@ -5,6 +5,7 @@ from its declared key (``core.tables.KEYS``) and non-null columns."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,13 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
+    BackfillPolicy,
     Backoff,
+    DataVersion,
+    FloatMetadataValue,
+    IntMetadataValue,
     Jitter,
+    MaterializeResult,
     MetadataValue,
     RetryPolicy,
     TableColumn,
@@ -109,6 +115,51 @@ def stage_asset(stage: str, table: str | None = None, kinds: tuple[str, ...] = (
     )
 
 
+# Per-batch assets take a backfill's range of batches in one run (one step per asset): the step's
+# resources (Ray, loaded models, the MLflow and Delta clients) start once, not once a batch.
+SINGLE_RUN = BackfillPolicy.single_run()
+# Counts that describe the whole table, not the batch: in a range run they are the last batch's.
+TABLE_WIDE = ("table_row_count", "total_rows")
+
+
+def per_batch(context, body: Callable[[str], MaterializeResult | Iterable[MaterializeResult]]) -> list:
+    """``body(batch)`` for each batch of the run, in partition order: one batch (a sensor's run), or a
+    backfill's range (``SINGLE_RUN``), as sequential runs would do them. Returns ``body``'s results for
+    one batch; for several, one result per asset (``merge_batches``)."""
+    batches = list(context.partition_keys)
+    results = []
+    for batch in batches:
+        out = body(batch)
+        results.append([out] if isinstance(out, MaterializeResult) else list(out))
+        if len(batches) > 1:
+            context.log.info(f"batch {batch} done ({len(results)}/{len(batches)})")
+    if len(batches) == 1:
+        return results[0]
+    return [merge_batches(batches, [r[i] for r in results]) for i in range(len(results[0]))]
+
+
+def merge_batches(batches: list[str], results: list[MaterializeResult]) -> MaterializeResult:
+    """One asset's results for several batches as one (Dagster records it for each partition of the
+    range): counts summed (table-wide ones are the last batch's), other values the last batch's, every
+    number per batch under ``per_batch``, and a data version over all the batches' versions."""
+    metas = [dict(r.metadata or {}) for r in results]
+    merged = dict(metas[-1])
+    for key, value in metas[-1].items():
+        if isinstance(value, IntMetadataValue) and key not in TABLE_WIDE:
+            merged[key] = MetadataValue.int(sum(int(m[key].value or 0) for m in metas if key in m))
+        elif isinstance(value, FloatMetadataValue):
+            merged.pop(key)  # rates and times of one batch: kept per batch below
+    numbers = {
+        batch: {k: v.value for k, v in m.items() if isinstance(v, IntMetadataValue | FloatMetadataValue)}
+        for batch, m in zip(batches, metas)
+    }
+    merged["batches"] = MetadataValue.int(len(batches))
+    merged["per_batch"] = MetadataValue.json(numbers)
+    versions = [r.data_version.value for r in results if r.data_version is not None]
+    version = DataVersion(hashlib.sha256("\n".join(versions).encode()).hexdigest()[:16]) if versions else None
+    return MaterializeResult(asset_key=results[-1].asset_key, data_version=version, metadata=merged)
+
+
 def table_metadata(uri: str, partition_rows: pl.DataFrame, table_rows: int, columns: list[str] | None = None) -> dict:
     """Where the table is, how many rows this materialisation and the whole table hold, a preview."""
     return {
@@ -151,9 +202,7 @@ def read_checked(tables: DeltaTables, table: str, batches: list[str] | None) -> 
     """The rows a check covers: those of ``batches`` (pushed down to Delta), else the whole table."""
     if batches is None:
         return tables.read(table, SCHEMAS[table])
-    if len(batches) == 1:
-        return tables.batch(table, batches[0], SCHEMAS[table])
-    return tables.read(table, SCHEMAS[table], where=pl.col("batch_key").is_in(batches))
+    return tables.batches(table, batches, SCHEMAS[table])
 
 
 def check_scope(batches: list[str] | None) -> dict:

@@ -1,7 +1,15 @@
 """Captioning stage asset: one Ray Data job per batch, model and prompt resolved through MLflow aliases."""
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    Config,
+    DataVersion,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -14,7 +22,7 @@ from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR
 from video_assets.defs.captioning.runner import engine_name, job_spec, registered_model_files, run_captioning
-from video_assets.defs.common import ACCELERATOR_POOL, CostBreakdown, stage_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, CostBreakdown, stage_asset, table_metadata
 from video_assets.defs.ingest.assets import video_metadata
 from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, TINY_WARNING, caption_prompt, vlm_model
 from video_assets.defs.partitions import video_batches
@@ -63,6 +71,9 @@ def _skipped_rows(meta: pl.DataFrame) -> list[dict]:
 
 @asset(
     partitions_def=video_batches,
+    # A backfill's range of batches is one step and one Ray job: Ray, the engine actors and the model
+    # start once, not once a batch (docs/benchmarks.md). A sensor's run is one batch.
+    backfill_policy=SINGLE_RUN,
     deps=[video_metadata, vlm_model, caption_prompt],
     pool=ACCELERATOR_POOL,
     **stage_asset("captioning", CAPTIONS, kinds=("ray", "mlflow")),
@@ -77,13 +88,16 @@ def captions(
 ) -> MaterializeResult:
     """Timestamped prose per video (or per clip) from the VLM behind the MLflow alias, computed by one
     Ray Data streaming job: a wide CPU stage decodes and samples frames, a narrow VLM stage captions.
-    Rows are merged on (video_id, segment, model_version, prompt_version), so reruns are idempotent."""
-    batch = context.partition_key
+    Rows are merged on (video_id, segment, model_version, prompt_version), so reruns are idempotent.
+    A backfill's range of batches is captioned by one job (``BackfillPolicy.single_run``)."""
+    batches = list(context.partition_keys)
+    batch = batches[0] if len(batches) == 1 else f"{batches[0]}...{batches[-1]} ({len(batches)} batches)"
     cost = CostBreakdown(context)
     with cost.part("delta"):
-        meta = tables.batch(VIDEO_METADATA, batch, SCHEMAS[VIDEO_METADATA])
-    if meta.is_empty():
-        raise Failure(f"video_metadata has no rows for batch {batch!r}: materialise it first")
+        meta = tables.batches(VIDEO_METADATA, batches, SCHEMAS[VIDEO_METADATA])
+    missing = [b for b in batches if b not in set(meta.get_column("batch_key"))]
+    if missing:
+        raise Failure(f"video_metadata has no rows for batch {', '.join(map(repr, missing))}: materialise it first")
     try:
         with cost.part("resolve_model"):
             model, model_version = registered_model_files(mlflow_registry, vlm, vlm.alias)
@@ -101,7 +115,7 @@ def captions(
         context.log.warning(TINY_WARNING)
 
     with cost.part("delta"):
-        existing = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS])  # a video's rows are in its batch
+        existing = tables.batches(CAPTIONS, batches, SCHEMAS[CAPTIONS])  # a video's rows are in its batch
     done = captioned_ok(existing, model_version, prompt.version, split_key(config.sampling()))
     good = meta.filter(pl.col("ok"))
     todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
@@ -123,7 +137,9 @@ def captions(
     cost.add("delta", stats["delta_s"])
 
     with cost.part("delta"):
-        out = tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(caption_versions(model_version, prompt.version))
+        out = tables.batches(CAPTIONS, batches, SCHEMAS[CAPTIONS]).filter(
+            caption_versions(model_version, prompt.version)
+        )
         table_rows = tables.row_count(CAPTIONS)
     errors = out.filter(pl.col("status") == CAPTION_ERROR)
     strips = _thumbnails(stats["previews"])
@@ -138,6 +154,7 @@ def captions(
             "model_version": MetadataValue.text(model_version),
             "prompt_version": MetadataValue.int(prompt.version),
             "engine": MetadataValue.text(engine),
+            "batches": MetadataValue.int(len(batches)),
             "videos_captioned": MetadataValue.int(todo.height),
             "videos_cached": MetadataValue.int(good.height - todo.height),
             "error_rows": MetadataValue.int(errors.height),

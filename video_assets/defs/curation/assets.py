@@ -33,7 +33,7 @@ from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CURATION_ERROR
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.captioning.runner import actor_gpus, production_captions, registered_model_files
-from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, per_batch, stage_asset, table_metadata
 from video_assets.defs.partitions import video_batches
 
 SHEET_VIDEOS = 4  # videos whose frames the contact sheet shows
@@ -62,6 +62,7 @@ class FramesConfig(Config):
 
 @asset(
     partitions_def=video_batches,
+    backfill_policy=SINGLE_RUN,
     deps=[captions],
     pool=ACCELERATOR_POOL,
     **stage_asset("curation", CURATED_FRAMES, kinds=("ray",)),
@@ -79,7 +80,23 @@ def frames(
     brightness, contrast, motion, black borders, perceptual hash) and kept or dropped with the reason
     (dark, washed_out, flat, blurry, static, duplicate); kept frames cropped to their picture as JPEG,
     and described by the VLM when `describe` is on."""
-    batch = context.partition_key
+    [result] = per_batch(
+        context,
+        lambda batch: _frames_batch(batch, context, config, vlm, mlflow_registry, tables, curation, ray_cluster),
+    )
+    return result
+
+
+def _frames_batch(
+    batch: str,
+    context: AssetExecutionContext,
+    config: FramesConfig,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    curation: CurationStore,
+    ray_cluster: RayResource,
+) -> MaterializeResult:
     cfg, prompt = config.curation()
     caps, _, _ = production_captions(tables, batch, vlm, mlflow_registry)
     engine, extra = None, {"image_store": config.image_store}

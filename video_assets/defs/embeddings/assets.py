@@ -27,7 +27,7 @@ from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_OK, EMBED_ERROR, SOURCE_CAPTION, SOURCE_TRANSCRIPT, TRANSCRIPT_SPEECH
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.captioning.runner import batch_captions, cluster_gpus, production_captions
-from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, per_batch, stage_asset, table_metadata
 from video_assets.defs.models.assets import (
     archive_model_files,
     archive_version,
@@ -55,6 +55,7 @@ def _stamp(rows: list[dict], table: str, **extra) -> list[dict]:
 
 @asset(
     partitions_def=video_batches,
+    backfill_policy=SINGLE_RUN,
     deps=[captions, frame_encoder],
     pool=ACCELERATOR_POOL,
     **stage_asset("embeddings", FRAME_EMBEDDINGS, kinds=("ray", "mlflow")),
@@ -71,7 +72,25 @@ def frame_embeddings(
     """A vector per frame the captions saw (same timestamps), from the frame encoder behind the alias
     (EfficientNet-Lite0 by default: frame-to-frame similarity; a CLIP-style model: text queries too),
     with on-screen text when `frame_ocr` is on. A video whose frames cannot be decoded gets an error row."""
-    batch = context.partition_key
+    [result] = per_batch(
+        context,
+        lambda batch: _frame_embeddings_batch(
+            batch, context, config, archive, vlm, mlflow_registry, tables, ray_cluster
+        ),
+    )
+    return result
+
+
+def _frame_embeddings_batch(
+    batch: str,
+    context: AssetExecutionContext,
+    config: EmbedConfig,
+    archive: ArchiveSettings,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    ray_cluster: RayResource,
+) -> MaterializeResult:
     model, version = archive_model_files(mlflow_registry, archive, FRAMES)
     encoder = archive.registered_model(FRAMES)
     caps, _, _ = production_captions(tables, batch, vlm, mlflow_registry)
@@ -180,6 +199,7 @@ def _plot(out: pl.DataFrame) -> dict:
 
 @asset(
     partitions_def=video_batches,
+    backfill_policy=SINGLE_RUN,
     deps=[transcripts, captions, text_encoder],
     pool=ACCELERATOR_POOL,
     **stage_asset("embeddings", TEXT_EMBEDDINGS, kinds=("ray", "mlflow")),
@@ -195,7 +215,25 @@ def text_embeddings(
 ) -> MaterializeResult:
     """A vector per transcript segment (speech model behind the alias) and per caption (captioning model
     and prompt behind production), keyed back to its source row and time range."""
-    batch = context.partition_key
+    [result] = per_batch(
+        context,
+        lambda batch: _text_embeddings_batch(
+            batch, context, config, archive, vlm, mlflow_registry, tables, ray_cluster
+        ),
+    )
+    return result
+
+
+def _text_embeddings_batch(
+    batch: str,
+    context: AssetExecutionContext,
+    config: EmbedConfig,
+    archive: ArchiveSettings,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    ray_cluster: RayResource,
+) -> MaterializeResult:
     model, version = archive_model_files(mlflow_registry, archive, TEXT)
     encoder = archive.registered_model(TEXT)
     sources = _text_sources(tables, batch, archive, vlm, mlflow_registry)

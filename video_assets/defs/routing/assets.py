@@ -15,7 +15,7 @@ from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import structuring_versions
 from video_assets.core.tables import ALERTS, REVIEW_QUEUE, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.captioning.runner import batch_captions
-from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadata
+from video_assets.defs.common import SINGLE_RUN, TRANSIENT_RETRY, per_batch, stage_asset, table_metadata
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.assets import structured_events
@@ -45,6 +45,7 @@ class RoutingConfig(Config):
             description="Rows a person should look at: possible, below threshold, verdict-only or unparsed.",
         ),
     ],
+    backfill_policy=SINGLE_RUN,
     # Idempotent (the batch's rows are replaced in one commit per table): retried on transient errors.
     retry_policy=TRANSIENT_RETRY,
 )
@@ -58,7 +59,20 @@ def routed_events(
 ):
     """Routes this batch's structured_events rows of the production model/prompt. The batch's rows in
     both tables are replaced, so a new threshold moves rows between them on a rerun."""
-    batch = context.partition_key
+    yield from per_batch(
+        context, lambda batch: _routed_events_batch(batch, context, config, vlm, structurer, mlflow_registry, tables)
+    )
+
+
+def _routed_events_batch(
+    batch: str,
+    context: AssetExecutionContext,
+    config: RoutingConfig,
+    vlm: VlmSettings,
+    structurer: StructurerSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+):
     model_version, prompt_version = production_versions(vlm, mlflow_registry)
     sid = structurer_id(structurer, vlm.registered_model, model_version)
     use_cases = uc_mod.parse_names(structurer.use_cases)

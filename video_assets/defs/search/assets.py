@@ -25,7 +25,7 @@ from video_assets.core.tables import (
 )
 from video_assets.core.vocabulary import SOURCE_CAPTION, SOURCE_TRANSCRIPT
 from video_assets.defs.captioning.assets import captions
-from video_assets.defs.common import TRANSIENT_RETRY, stage_asset
+from video_assets.defs.common import SINGLE_RUN, TRANSIENT_RETRY, per_batch, stage_asset
 from video_assets.defs.embeddings.assets import frame_embeddings, text_embeddings
 from video_assets.defs.models.assets import archive_model_files, archive_version, production_versions
 from video_assets.defs.partitions import video_batches
@@ -43,6 +43,7 @@ except ImportError:
 
 @asset(
     partitions_def=video_batches,
+    backfill_policy=SINGLE_RUN,
     deps=[transcripts, captions, text_embeddings, frame_embeddings, structured_events, *_SUMMARY_DEPS],
     retry_policy=TRANSIENT_RETRY,
     **stage_asset("search", kinds=("lancedb",)),
@@ -58,8 +59,23 @@ def search_index(
     """The batch's rows of the search index (LanceDB: tables texts, frames, events, summaries), from the
     rows of the versions behind the aliases: text and frame encoders, speech model, captioning model and
     prompt. Event and summary texts are embedded here with the text encoder behind the alias."""
+    [result] = per_batch(
+        context,
+        lambda batch: _search_index_batch(batch, context, archive, vlm, mlflow_registry, tables, search_index_store),
+    )
+    return result
+
+
+def _search_index_batch(
+    batch: str,
+    context: AssetExecutionContext,
+    archive: ArchiveSettings,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    search_index_store: SearchIndex,
+) -> MaterializeResult:
     started = time.perf_counter()
-    batch = context.partition_key
     text_version = archive_version(mlflow_registry, archive, TEXT)
     frame_version = archive_version(mlflow_registry, archive, FRAMES)
     speech_version = archive_version(mlflow_registry, archive, SPEECH)

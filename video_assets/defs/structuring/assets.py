@@ -21,7 +21,7 @@ from video_assets.defs.captioning.runner import (
     registered_model_files,
     warm_engine_spec,
 )
-from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, per_batch, stage_asset, table_metadata
 from video_assets.defs.models.assets import production_versions
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.runner import (
@@ -45,6 +45,7 @@ def _connect(context, ray: RayResource) -> float:
 
 @asset(
     partitions_def=video_batches,
+    backfill_policy=SINGLE_RUN,
     deps=[captions],
     pool=ACCELERATOR_POOL,
     **stage_asset("structuring", STRUCTURED_EVENTS, kinds=("mlflow",)),
@@ -62,7 +63,25 @@ def structured_events(
     case's JSON schema (xgrammar on CPU, vLLM structured outputs on GPU). A failed parse gets one
     verdict-only retry; what still fails is `unparsed` with the raw output; an errored caption is
     `no_caption`. Events are a list column (start_s, end_s, actor, action, object)."""
-    batch = context.partition_key
+    [result] = per_batch(
+        context,
+        lambda batch: _structured_events_batch(
+            batch, context, config, vlm, structurer, mlflow_registry, tables, ray_on_demand
+        ),
+    )
+    return result
+
+
+def _structured_events_batch(
+    batch: str,
+    context: AssetExecutionContext,
+    config: StructuredEventsConfig,
+    vlm: VlmSettings,
+    structurer: StructurerSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    ray_on_demand: RayResource,
+) -> MaterializeResult:
     try:
         use_cases = uc_mod.parse_names(structurer.use_cases)
     except ValueError as exc:

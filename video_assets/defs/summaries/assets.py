@@ -21,7 +21,7 @@ from video_assets.core.tables import SCHEMAS, TRANSCRIPTS, VIDEO_SUMMARIES, to_a
 from video_assets.core.uploads.discovery import printable
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.captioning.runner import production_captions
-from video_assets.defs.common import stage_asset, table_metadata
+from video_assets.defs.common import SINGLE_RUN, per_batch, stage_asset, table_metadata
 from video_assets.defs.models.assets import archive_version
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.assets import structured_events
@@ -39,6 +39,7 @@ class SummariesConfig(Config):
 
 @asset(
     partitions_def=video_batches,
+    backfill_policy=SINGLE_RUN,
     deps=[captions, transcripts, structured_events],
     **stage_asset("summaries", VIDEO_SUMMARIES, kinds=("mlflow",)),
 )
@@ -53,7 +54,23 @@ def video_summaries(
 ) -> MaterializeResult:
     """What happens in each video of the batch, with ``[mm:ss]`` times: every event, and captions and
     speech spread over the video (extractive), or an LLM's map-reduce summary of the whole timeline."""
-    batch = context.partition_key
+    [result] = per_batch(
+        context,
+        lambda batch: _video_summaries_batch(batch, context, config, vlm, archive, llm, mlflow_registry, tables),
+    )
+    return result
+
+
+def _video_summaries_batch(
+    batch: str,
+    context: AssetExecutionContext,
+    config: SummariesConfig,
+    vlm: VlmSettings,
+    archive: ArchiveSettings,
+    llm: LlmSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+) -> MaterializeResult:
     caps, caption_model, caption_prompt = production_captions(tables, batch, vlm, mlflow_registry)
     speech_version = archive_version(mlflow_registry, archive, SPEECH)
     if speech_version is None:

@@ -18,7 +18,7 @@ from video_assets.core.transcription.job import transcript_job_rows
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import TRANSCRIPT_ERROR, TRANSCRIPT_SPEECH
 from video_assets.defs.captioning.runner import cluster_gpus
-from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, per_batch, stage_asset, table_metadata
 from video_assets.defs.ingest.assets import video_metadata
 from video_assets.defs.models.assets import archive_model_files, speech_model
 from video_assets.defs.partitions import video_batches
@@ -41,6 +41,7 @@ def whisper_settings(archive: ArchiveSettings, device: str) -> dict:
 
 @asset(
     partitions_def=video_batches,
+    backfill_policy=SINGLE_RUN,
     deps=[video_metadata, speech_model],
     pool=ACCELERATOR_POOL,
     **stage_asset("transcripts", TRANSCRIPTS, kinds=("ray", "mlflow")),
@@ -56,7 +57,21 @@ def transcripts(
     """Speech segments with word times (Whisper through faster-whisper, voice-activity filtered), one Ray
     Data job per batch: 1-CPU tasks decode audio, model actors transcribe. A video without an audio
     stream, or without speech, gets one row that says so and no text; one that fails gets an error row."""
-    batch = context.partition_key
+    [result] = per_batch(
+        context, lambda batch: _transcripts_batch(batch, context, config, archive, mlflow_registry, tables, ray_cluster)
+    )
+    return result
+
+
+def _transcripts_batch(
+    batch: str,
+    context: AssetExecutionContext,
+    config: TranscriptsConfig,
+    archive: ArchiveSettings,
+    mlflow_registry: MlflowRegistry,
+    tables: DeltaTables,
+    ray_cluster: RayResource,
+) -> MaterializeResult:
     meta = tables.batch(VIDEO_METADATA, batch, SCHEMAS[VIDEO_METADATA])
     if meta.is_empty():
         raise Failure(f"video_metadata has no rows for batch {batch!r}: materialise it first")
