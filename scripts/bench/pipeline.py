@@ -37,12 +37,10 @@ def _clip(path: Path, seed: int, seconds: int = CLIP_S) -> None:
             out.mux(packet)
 
 
-def _batches(work: Path, warm: bool, sizes: tuple[int, ...] = (SMALL, LARGE), clip_s: int = CLIP_S) -> dict[int, dict]:
-    """The captions step's metadata (``cost_breakdown``, ``video_s``, ``requests``) for a batch of each
-    size, one after the other (after a 1-clip warm-up batch when ``warm``: the long-lived local Ray and
-    its engine are then already up)."""
-    from dagster import DagsterInstance, materialize
-
+def _workspace(work: Path, batch_size: int, warm: bool) -> dict:
+    """A fresh volume, Dagster home, tables and MLflow store under ``work``, and the resources on them
+    (tiny model on transformers; a Ray per step, or with ``warm`` this home's long-lived local Ray,
+    started here: the caller stops it with ``ray_service.down()``)."""
     from resources import ray_service
     from resources.delta import DeltaTables
     from resources.mlflow_registry import MlflowRegistry
@@ -50,29 +48,40 @@ def _batches(work: Path, warm: bool, sizes: tuple[int, ...] = (SMALL, LARGE), cl
     from resources.settings import local_ray_address, ray_init_options
     from resources.vlm import VlmSettings
     from resources.volume import VideoVolume
+
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "volume").mkdir(parents=True)
+    (work / "home").mkdir()
+    os.environ["DAGSTER_HOME"] = str(work / "home")
+    if warm:
+        ray_service.up()  # before its address is read
+    return {
+        "volume": VideoVolume(uri=str(work / "volume"), batch_size=batch_size),
+        "tables": DeltaTables(root_uri=str(work / "tables")),
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{work}/mlflow.db", artifact_root=str(work / "mlartifacts")
+        ),
+        "vlm": VlmSettings(cache_dir=str(work / "models"), engine="transformers", max_new_tokens=16),
+        "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options(), address=local_ray_address()),
+    }
+
+
+def _batches(work: Path, warm: bool, sizes: tuple[int, ...] = (SMALL, LARGE), clip_s: int = CLIP_S) -> dict[int, dict]:
+    """The captions step's metadata (``cost_breakdown``, ``video_s``, ``requests``) for a batch of each
+    size, one after the other (after a 1-clip warm-up batch when ``warm``: the long-lived local Ray and
+    its engine are then already up)."""
+    from dagster import DagsterInstance, materialize
+
+    from resources import ray_service
     from video_assets.defs.captioning.assets import captions
     from video_assets.defs.ingest.assets import raw_videos, video_metadata
     from video_assets.defs.ingest.registration import register_new_files
     from video_assets.defs.models.assets import caption_prompt, vlm_model
     from video_assets.defs.partitions import video_batches
 
-    shutil.rmtree(work, ignore_errors=True)
+    res = _workspace(work, 100, warm)
     volume = work / "volume"
-    volume.mkdir(parents=True)
-    os.environ["DAGSTER_HOME"] = str(work / "home")
-    (work / "home").mkdir()
-    if warm:
-        ray_service.up()
     try:
-        res = {
-            "volume": VideoVolume(uri=str(volume), batch_size=100),
-            "tables": DeltaTables(root_uri=str(work / "tables")),
-            "mlflow_registry": MlflowRegistry(
-                tracking_uri=f"sqlite:///{work}/mlflow.db", artifact_root=str(work / "mlartifacts")
-            ),
-            "vlm": VlmSettings(cache_dir=str(work / "models"), engine="transformers", max_new_tokens=16),
-            "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options(), address=local_ray_address()),
-        }
         instance = DagsterInstance.get()
         assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
         costs = {}
@@ -119,33 +128,15 @@ def _backfill(work: Path, single_run: bool) -> float:
     from dagster import DagsterInstance, materialize
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-    from resources.delta import DeltaTables
-    from resources.mlflow_registry import MlflowRegistry
-    from resources.ray_cluster import EmbeddedRay
-    from resources.settings import ray_init_options
-    from resources.vlm import VlmSettings
-    from resources.volume import VideoVolume
     from video_assets.defs.captioning.assets import captions
     from video_assets.defs.ingest.assets import raw_videos, video_metadata
     from video_assets.defs.ingest.registration import register_new_files
     from video_assets.defs.models.assets import caption_prompt, vlm_model
     from video_assets.defs.partitions import video_batches
 
-    shutil.rmtree(work, ignore_errors=True)
+    res = _workspace(work, BACKFILL_CLIPS, warm=False)
     volume = work / "volume"
-    volume.mkdir(parents=True)
-    os.environ["DAGSTER_HOME"] = str(work / "home")
-    (work / "home").mkdir()
     try:
-        res = {
-            "volume": VideoVolume(uri=str(volume), batch_size=BACKFILL_CLIPS),
-            "tables": DeltaTables(root_uri=str(work / "tables")),
-            "mlflow_registry": MlflowRegistry(
-                tracking_uri=f"sqlite:///{work}/mlflow.db", artifact_root=str(work / "mlartifacts")
-            ),
-            "vlm": VlmSettings(cache_dir=str(work / "models"), engine="transformers", max_new_tokens=16),
-            "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options()),
-        }
         instance = DagsterInstance.get()
         assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
         seed = 3000 if single_run else 2000
@@ -158,23 +149,14 @@ def _backfill(work: Path, single_run: bool) -> float:
             assert materialize(
                 [raw_videos, video_metadata], partition_key=key, instance=instance, resources=res
             ).success
-        runs = (
-            [{ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]}] if single_run else []
-        )
+        whole_range = {ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]}
+        runs = [{"tags": whole_range}] if single_run else [{"partition_key": k} for k in keys]
         assets = [captions, vlm_model, caption_prompt, raw_videos, video_metadata]
         config = {"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4}}}}
         started = time.perf_counter()
-        for run in runs or [{"partition_key": k} for k in keys]:
-            tags = run if single_run else None
-            key = None if single_run else run["partition_key"]
+        for run in runs:
             result = materialize(
-                assets,
-                selection=[captions],
-                partition_key=key,
-                tags=tags,
-                instance=instance,
-                resources=res,
-                run_config=config,
+                assets, selection=[captions], **run, instance=instance, resources=res, run_config=config
             )
             assert result.success
         wall = time.perf_counter() - started

@@ -1,15 +1,7 @@
 """Captioning stage asset: one Ray Data job per batch, model and prompt resolved through MLflow aliases."""
 
 import polars as pl
-from dagster import (
-    AssetExecutionContext,
-    Config,
-    DataVersion,
-    Failure,
-    MaterializeResult,
-    MetadataValue,
-    asset,
-)
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -95,7 +87,8 @@ def captions(
     cost = CostBreakdown(context)
     with cost.part("delta"):
         meta = tables.batches(VIDEO_METADATA, batches, SCHEMAS[VIDEO_METADATA])
-    missing = [b for b in batches if b not in set(meta.get_column("batch_key"))]
+    probed = set(meta.get_column("batch_key"))
+    missing = [b for b in batches if b not in probed]
     if missing:
         raise Failure(f"video_metadata has no rows for batch {', '.join(map(repr, missing))}: materialise it first")
     try:
