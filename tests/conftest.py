@@ -5,26 +5,31 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-REPO = Path(__file__).resolve().parent.parent
-BUNDLED = REPO / "samples"
-# The full corpus sits beside the repo on developer and CI machines; the bundled subset otherwise.
-SHARED_SAMPLES = Path(os.environ.get("VIDEO_SAMPLES_DIR", REPO.parent / "shared" / "samples"))
-SAMPLES = SHARED_SAMPLES if (SHARED_SAMPLES / "MANIFEST.csv").exists() else BUNDLED
+from tests.fixtures import samples
+from tests.fixtures.samples import BUNDLED, CORPUS_SKIP, HAVE_CORPUS, REPO, SAMPLES, SHARED_SAMPLES, copy_samples
+
+# Where the samples live, and the copy that asks by name (tests/fixtures/samples.py: the corpus beside
+# the repo when present, else the bundled subset; a corpus-only clip needs @pytest.mark.corpus).
+__all__ = ["BUNDLED", "REPO", "SAMPLES", "SHARED_SAMPLES", "copy_samples"]
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; tests use the locally built tiny model
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 
 
-def copy_samples(dest: Path, names: list[str]) -> list[Path]:
-    dest.mkdir(parents=True, exist_ok=True)
-    out = []
-    for name in names:
-        src = SAMPLES / name
-        if not src.exists():
-            src = BUNDLED / name
-        out.append(Path(shutil.copy(src, dest / name)))
-    return out
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the test's fixtures: remember the test (the samples guard asks its marks); skip a test
+    marked ``corpus`` when the corpus is absent, and one marked ``network`` when the package index
+    cannot be reached (tests/fixtures/network.py)."""
+    samples.current_item = item
+    if item.get_closest_marker("corpus") is not None and not HAVE_CORPUS:
+        pytest.skip(CORPUS_SKIP)
+    if item.get_closest_marker("network") is not None:
+        from tests.fixtures.network import unreachable_reason
+
+        if reason := unreachable_reason():
+            pytest.skip(reason)
 
 
 @pytest.fixture
@@ -58,6 +63,35 @@ def resources(volume_dir, dagster_home):
     return {
         "volume": VideoVolume(uri=str(volume_dir), batch_size=50),
         "tables": DeltaTables(root_uri=str(dagster_home / "tables")),
+    }
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """One local Ray for the session (tests/fixtures/ray_head.py), started by the first test that asks."""
+    from tests.fixtures.ray_head import RayHead
+
+    head = RayHead.start(num_cpus=2)
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.fixture
+def session_ray(ray_head, dagster_home, monkeypatch) -> dict:
+    """The two Ray resources of the definitions (``ray_cluster``, and ``ray_on_demand`` that connects
+    only when asked), joining the session's Ray instead of embedding one each: what a step test
+    passes when it wants what runs on Ray, not Ray's start-up."""
+    from dagster_ray.configs import Lifecycle
+
+    from resources.ray_cluster import EmbeddedRay
+
+    ray_head.admit(dagster_home)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the address is given; no other cluster's auth
+    return {
+        "ray_cluster": EmbeddedRay(address=ray_head.address),
+        "ray_on_demand": EmbeddedRay(address=ray_head.address, lifecycle=Lifecycle(connect=False)),
     }
 
 

@@ -12,10 +12,9 @@ from dagster import materialize
 from resources.archive import FRAMES, TEXT, ArchiveSettings, assemble_packaged
 from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
-from resources.ray_cluster import EmbeddedRay
 from resources.search import SearchIndex
 from resources.vlm import VlmSettings
-from tests.conftest import copy_samples
+from tests.fixtures.samples import copy_samples
 from tests.fixtures.speech import speech_clip
 from video_assets.core.embeddings.job import load_frame_encoder
 from video_assets.core.embeddings.text import TextEncoder
@@ -39,7 +38,7 @@ ARCHIVE_TABLES = ("transcripts", "frame_embeddings", "text_embeddings", "video_s
 
 
 @pytest.mark.slow
-def test_archive_assets_for_a_batch(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+def test_archive_assets_for_a_batch(instance, resources, session_ray, volume_dir, tiny_model_cache, tmp_path):
     copy_samples(volume_dir, CLIPS)
     speech_clip(volume_dir / "spoken.mp4")
     res = {
@@ -51,7 +50,7 @@ def test_archive_assets_for_a_batch(instance, resources, volume_dir, tiny_model_
         "archive": ArchiveSettings(cache_dir=str(tmp_path / "models"), device="cpu"),
         "search_index_store": SearchIndex(uri=str(tmp_path / "search_index")),
         "llm": LlmSettings(),  # none: extractive summaries
-        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        **session_ray,  # the session's Ray, joined
     }
     plan = register_new_files(res["volume"], res["tables"])
     [key] = plan.batches

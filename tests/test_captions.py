@@ -9,7 +9,7 @@ from dagster import AssetKey, materialize
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.vlm import VlmSettings
-from tests.conftest import copy_samples
+from tests.fixtures.samples import copy_samples
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.captioning.checks import captioning_checks as caption_checks
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
@@ -105,7 +105,9 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
 
 
 @pytest.mark.slow
-def test_a_backfill_of_several_batches_is_captioned_in_one_run(instance, volume_dir, dagster_home, tiny_model_cache):
+def test_a_backfill_of_several_batches_is_captioned_in_one_run(
+    instance, volume_dir, dagster_home, tiny_model_cache, session_ray
+):
     """BackfillPolicy.single_run: a range of batches is one step and one Ray job (Ray and the model start
     once); every video lands in its own batch's rows, and a batch without video_metadata is named."""
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
@@ -121,7 +123,7 @@ def test_a_backfill_of_several_batches_is_captioned_in_one_run(instance, volume_
             tracking_uri=f"sqlite:///{dagster_home}/mlflow.db", artifact_root=str(dagster_home / "art")
         ),
         "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=8),
-        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        **session_ray,  # the session's Ray, joined (the test above embeds its own: its set-up counts Ray's start)
     }
     keys = list(register_new_files(res["volume"], res["tables"]).batches)
     assert len(keys) == 2
@@ -155,7 +157,7 @@ def test_a_backfill_of_several_batches_is_captioned_in_one_run(instance, volume_
     assert set(rows["batch_key"]) == set(keys)
 
     # A third batch registered but never probed: the range names it and captions nothing.
-    copy_samples(volume_dir, ["carphone_pristine.mp4"])
+    copy_samples(volume_dir, ["carphone_distorted.mp4"])  # bundled: a fresh clone has no corpus
     [late] = register_new_files(res["volume"], res["tables"]).batches
     instance.add_dynamic_partitions(video_batches.name, [late])
     failed = caption_range(keys[0], late)

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import REPO, copy_samples
+from tests.fixtures.samples import REPO, copy_samples
 
 BIN = Path(sys.executable).parent
 

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from PIL import Image, ImageFilter
 
-from tests.conftest import BUNDLED
+from tests.fixtures.samples import BUNDLED
 from video_assets.core.curation.quality import (
     CurationConfig,
     border_box,
@@ -160,14 +160,15 @@ RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 4, "min_frames": 3}}
 
 
 @pytest.mark.slow
-def test_frames_asset_for_a_batch_and_the_training_export(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+def test_frames_asset_for_a_batch_and_the_training_export(
+    instance, resources, session_ray, volume_dir, tiny_model_cache, tmp_path
+):
     from dagster import materialize
 
     from resources.curation import CurationStore
     from resources.mlflow_registry import MlflowRegistry
-    from resources.ray_cluster import EmbeddedRay
     from resources.vlm import VlmSettings
-    from tests.conftest import copy_samples
+    from tests.fixtures.samples import copy_samples
     from video_assets.core.curation.export import export_frames, read_export
     from video_assets.defs.captioning.assets import captions
     from video_assets.defs.curation import curation_checks
@@ -187,7 +188,7 @@ def test_frames_asset_for_a_batch_and_the_training_export(instance, resources, v
         ),
         "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=8, vlm_batch_size=4),
         "curation": store,
-        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        **session_ray,  # the session's Ray, joined
     }
     plan = register_new_files(res["volume"], res["tables"])
     [key] = plan.batches

@@ -8,6 +8,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,7 @@ def expand(extras: dict[str, list[str]], name: str) -> list[str]:
     return out
 
 
+@pytest.mark.network  # pip resolves against the index: skipped, with the reason, when it is unreachable
 def test_the_gpu_extra_resolves_to_rays_vllm_pin(tmp_path):
     report = tmp_path / "report.json"
     # Resolve only (no install, no build of the project: the extra's requirements are what matter).

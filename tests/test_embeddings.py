@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from tests.conftest import BUNDLED, REPO, SAMPLES
+from tests.fixtures.samples import REPO, clip
 from video_assets.core.embeddings.frames import (
     PACKAGED_EFFICIENTNET,
     ClipEncoder,
@@ -106,8 +106,7 @@ def clip_frames():
     cfg = SamplingConfig(fps=1.0, min_frames=FRAMES_PER_CLIP, max_frames=FRAMES_PER_CLIP, motion_densify=False)
     out = {}
     for name in CLIPS:
-        path = SAMPLES / name if (SAMPLES / name).exists() else BUNDLED / name
-        video = sample_video(str(path), cfg)
+        video = sample_video(str(clip(name)), cfg)
         out[name] = np.concatenate([s.frames for s in video.segments])
     return out
 

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 from dagster import AssetKey, materialize
 
-from tests.conftest import BUNDLED, SAMPLES
+from tests.fixtures.samples import HAVE_CORPUS, find
 from video_assets.core.evaluation.golden import label_files, load_labels
 from video_assets.core.media.probe import probe
 from video_assets.core.structuring.usecase import USE_CASES_DIR as USE_CASES
@@ -17,14 +17,6 @@ from video_assets.defs.evaluation.assets import golden_set
 LABELS = USE_CASES / "object_handling" / "golden.jsonl"
 USE_CASE_LABELS = label_files()
 LABEL_GRANULARITY_S = 0.1  # labels give times to a tenth of a second, rounded to the nearest
-
-
-def clip(name: str):
-    """The labelled clip in the corpus (when present) or among the bundled samples; None if neither has it."""
-    for folder in (SAMPLES, BUNDLED):
-        if (folder / name).is_file():
-            return folder / name
-    return None
 
 
 @pytest.mark.parametrize("use_case", sorted(USE_CASE_LABELS))
@@ -44,9 +36,9 @@ def test_labels_point_at_sample_bytes_and_events_lie_inside_the_clip(use_case):
     records, _ = load_labels(USE_CASE_LABELS[use_case])
     checked = 0
     for r in records:
-        path = clip(r.file)
+        path = find(r.file)
         if path is None:  # in the corpus only, and the corpus is absent
-            assert not (SAMPLES / "MANIFEST.csv").exists(), f"{r.file} is labelled but not in the corpus"
+            assert not HAVE_CORPUS, f"{r.file} is labelled but not in the corpus"
             continue
         assert hashlib.sha256(path.read_bytes()).hexdigest() == r.sha256, r.file
         if r.events:

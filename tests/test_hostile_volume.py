@@ -5,6 +5,7 @@ followed, and nothing outside the volume's root is listed, hashed or opened."""
 import hashlib
 import io
 import os
+import shutil
 
 import av
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from dagster import materialize
 from PIL import Image
 
-from tests.conftest import copy_samples
+from tests.fixtures.samples import copy_samples
 from tests.test_probe import make_clip, make_indexed_clip
 from tests.test_sensor import tick
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
@@ -161,10 +162,12 @@ def test_the_walk_lists_what_pyarrow_listed_so_known_files_stay_known(volume_dir
     import pyarrow.fs as pafs
 
     from resources.volume import VideoVolume
-    from tests.conftest import SAMPLES
+    from tests.fixtures.samples import SAMPLES
     from video_assets.core.uploads.discovery import fingerprint
 
-    copy_samples(volume_dir / "sub", [p.name for p in SAMPLES.glob("*.mp4")])
+    (volume_dir / "sub").mkdir()
+    for sample in SAMPLES.glob("*.mp4"):  # whatever samples there are (the corpus's, or the bundled ones)
+        shutil.copy(sample, volume_dir / "sub" / sample.name)
     listed = {fingerprint(f) for f in VideoVolume(uri=str(volume_dir)).list_files()}
     selector = pafs.FileSelector(str(volume_dir), recursive=True)
     before = {

@@ -5,7 +5,7 @@ import os
 import polars as pl
 from dagster import AssetKey, AssetSelection, materialize
 
-from tests.conftest import copy_samples
+from tests.fixtures.samples import copy_samples
 from video_assets.core.tables import RAW_VIDEOS, to_arrow
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.checks import ingest_checks

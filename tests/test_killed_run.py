@@ -1,6 +1,6 @@
 """A run process SIGKILLed mid-step leaves nothing behind: a real run of the per-batch job from the CLI
 (`dagster job execute`: multiprocess executor, steps forked from a preloaded forkserver) on bundled
-clips is killed once the captions step has started its embedded Ray. 30 s later no process it
+clips is killed once the captions step has started its embedded Ray. Within 30 s no process it
 started is alive and no table has a new commit; `video-assets recover` marks the run failed (freeing
 its slot in the "accelerator" pool) and the rerun completes the batch. Bounded; loopback only."""
 
@@ -18,7 +18,7 @@ import psutil
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from tests.conftest import REPO, copy_samples
+from tests.fixtures.samples import REPO, copy_samples
 
 BIN = Path(sys.executable).parent
 CLIPS = ["realshort.mp4", "asl_eat.mkv", "chaplin.mp4"]
@@ -116,9 +116,11 @@ def test_a_killed_run_stops_writing_and_its_rerun_completes(dagster_home, volume
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=30)
 
-        # 30 s later: nothing it started is alive, and nothing committed since the kill.
-        time.sleep(30)
-        left = _started_by(dagster_home)
+        # Within 30 s nothing it started is alive (polled: done as soon as the last one is gone), and
+        # nothing committed since the kill (with no process left, nothing can commit later).
+        deadline = time.monotonic() + 30
+        while (left := _started_by(dagster_home)) and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert not left, "still alive 30 s after the kill: " + "; ".join(
             f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in left
         )

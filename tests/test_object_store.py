@@ -16,7 +16,8 @@ import polars as pl
 import pyarrow.fs as pafs
 import pytest
 
-from tests.conftest import BUNDLED
+from tests.fixtures.processes import free_port
+from tests.fixtures.samples import BUNDLED
 from video_assets.core.media import source
 from video_assets.core.media.sampling import SamplingConfig, SamplingError, sample_video
 from video_assets.defs.ingest.assets import probe_file
@@ -26,19 +27,13 @@ CLIP = "realshort.mp4"
 CFG = SamplingConfig(long_video_s=0.5, scene_split=True, max_frames=8)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint():
     """An S3-compatible server on loopback for this module; stopped by PID."""
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
     if exe is None:
         pytest.fail("moto_server is not installed (dev extra: moto[server])")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -159,7 +154,7 @@ def _alive(pid: int) -> bool:
 def mlflow_server(bucket, s3_endpoint, tmp_path):
     """``mlflow server`` on loopback: runs and registries in SQLite, artifacts proxied into the bucket."""
     exe = shutil.which("mlflow", path=str(Path(sys.executable).parent))
-    port = _free_port()
+    port = free_port()
     # The server writes to the bucket with boto3, which takes the endpoint from AWS_ENDPOINT_URL (set by
     # the bucket fixture): MLflow's own MLFLOW_S3_ENDPOINT_URL is not needed.
     env = dict(os.environ)

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,9 @@ import polars as pl
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
-from tests.conftest import REPO, copy_samples
+from tests.fixtures.browser import launch, playwright_sync_api
+from tests.fixtures.processes import free_port
+from tests.fixtures.samples import REPO, copy_samples
 
 BIN = Path(sys.executable).parent
 FIRST_UPLOAD = ["realshort.mp4", "asl_eat.mkv"]  # 97 KB + 139 KB, 1.2 s + 1.6 s
@@ -41,16 +42,6 @@ STOP_WAIT_S = 30  # SIGTERM -> SIGKILL
 
 ARTIFACTS = REPO / "artifacts"  # git-ignored; CI collects it
 SCREENSHOTS = ARTIFACTS / "screenshots"
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TERMINAL = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 
 pytestmark = [pytest.mark.slow, pytest.mark.operator, pytest.mark.e2e]
@@ -66,12 +57,6 @@ def _defs():
 def batch_asset_keys() -> set[AssetKey]:
     """Every asset the sensor's job materialises, from the definitions (later stages join by themselves)."""
     return set(_defs().resolve_job_def(JOB).asset_layer.selected_asset_keys)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def poll(check, timeout: float, what: str, on_timeout=lambda: "", every: float = 1.0):
@@ -356,21 +341,7 @@ def test_uploads_become_batches_and_runs_through_the_daemon(operator):
 def playwright_api():
     """Playwright's sync API and Debian's Chromium, checked before the server starts: missing in CI
     (CI set, as .ci/run does) is a failure, elsewhere a skip."""
-    problem = None
-    try:
-        from playwright import sync_api
-    except ImportError:
-        problem = "playwright is not installed: `pip install -e '.[dev]'` (make install) adds it"
-    if problem is None and not os.access(CHROMIUM, os.X_OK):
-        problem = (
-            f"no Chromium at {CHROMIUM}: `apt-get install -y chromium` (.ci/run does this); "
-            "Playwright's own browser download does not work here"
-        )
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem, pytrace=False)
-        pytest.skip(problem)
-    return sync_api
+    return playwright_sync_api()
 
 
 def _node(page, name: str):
@@ -403,7 +374,7 @@ def test_ui_shows_graph_lineage_and_metadata(playwright_api, operator):  # brows
     expect.set_options(timeout=30_000)
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = launch(pw)
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.set_default_timeout(30_000)
         page.on("pageerror", lambda exc: errors.append(str(exc)))

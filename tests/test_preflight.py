@@ -7,7 +7,7 @@ from dagster import build_sensor_context, materialize
 from resources.delta import DeltaTables, TablesUnavailable
 from resources.vlm import VlmSettings
 from resources.volume import VideoVolume, VolumeUnavailable
-from tests.conftest import copy_samples
+from tests.fixtures.samples import copy_samples
 from video_assets.defs.ingest.assets import raw_videos
 from video_assets.defs.ingest.sensors import upload_sensor
 from video_assets.defs.partitions import video_batches

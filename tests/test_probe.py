@@ -12,25 +12,20 @@ import av
 import numpy as np
 import pytest
 
-from tests.conftest import BUNDLED, SAMPLES, SHARED_SAMPLES
+from tests.fixtures.samples import MANIFEST, SHARED_SAMPLES, corpus
+from tests.fixtures.samples import clip as sample
 from video_assets.core.media.probe import probe
-
-MANIFEST = SHARED_SAMPLES / "MANIFEST.csv"
-needs_corpus = pytest.mark.skipif(not MANIFEST.exists(), reason="sample corpus with MANIFEST.csv not present")
 
 
 def manifest_rows():
     if not MANIFEST.exists():
-        return [pytest.param(None, id="no-corpus", marks=needs_corpus)]
-    return list(csv.DictReader(MANIFEST.open()))
+        return [pytest.param(None, id="no-corpus", marks=corpus)]
+    return [pytest.param(r, id=r["file"], marks=corpus) for r in csv.DictReader(MANIFEST.open())]
 
 
 def clip(name: str) -> str:
-    """A sample from the corpus, else the bundled subset; skips the test when only the corpus has it."""
-    for folder in (SAMPLES, BUNDLED):
-        if (folder / name).is_file():
-            return str(folder / name)
-    pytest.skip(f"{name} is only in the sample corpus, which is not present")
+    """A sample by name (see tests/fixtures/samples.py: a corpus-only one needs @pytest.mark.corpus)."""
+    return str(sample(name))
 
 
 def make_clip(path, size=(96, 64), fps=25, seconds=3, gop=12, audio=True) -> str:
@@ -60,7 +55,7 @@ def _codec(manifest_value: str) -> str:
     return manifest_value.split("(")[0]
 
 
-@pytest.mark.parametrize("row", manifest_rows(), ids=lambda r: r["file"] if r else "no-corpus")
+@pytest.mark.parametrize("row", manifest_rows())
 def test_probe_matches_manifest(row):
     result = probe(str(SHARED_SAMPLES / row["file"]))
     if row["file"] == "carphone_distorted.mp4" and not result.ok:
@@ -110,6 +105,7 @@ def test_webm_without_duration_gets_an_estimate():
     assert result.duration_s == pytest.approx(result.frame_count / 14.985, rel=0.05)
 
 
+@corpus
 def test_keyframe_interval_where_the_stream_has_several():
     result = probe(clip("cityCC0.mpg"))
     assert result.keyframe_interval_s == pytest.approx(0.48, abs=0.02)  # a GOP of 12 at 25 fps

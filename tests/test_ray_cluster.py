@@ -6,7 +6,6 @@ Every process the test starts is stopped by PID."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,8 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.settings import ensure_ray_auth_token, ray_init_options, ray_token_auth
 from resources.vlm import VlmSettings
-from tests.conftest import copy_samples
+from tests.fixtures.processes import free_port
+from tests.fixtures.samples import copy_samples
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.registration import register_new_files
@@ -29,12 +29,6 @@ from video_assets.defs.models.assets import caption_prompt, vlm_model
 from video_assets.defs.partitions import video_batches
 
 RAY = str(Path(sys.executable).parent / "ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cluster_processes(temp_dir: str) -> list[psutil.Process]:
@@ -53,7 +47,7 @@ def _cluster_processes(temp_dir: str) -> list[psutil.Process]:
 def two_node_cluster():
     # A short folder: Ray's unix sockets live under it and their paths are length-limited.
     temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
-    port = _free_port()
+    port = free_port()
     token = ensure_ray_auth_token(Path(temp_dir) / "auth_token")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     env.pop("RAY_AUTH_TOKEN", None)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import BUNDLED, SHARED_SAMPLES
+from tests.fixtures.samples import MANIFEST, clip, corpus, corpus_params
 from video_assets.core.media.sampling import (
     SamplingConfig,
     SamplingError,
@@ -27,18 +27,6 @@ from video_assets.core.media.sampling import (
     to_rgb,
 )
 
-MANIFEST = SHARED_SAMPLES / "MANIFEST.csv"
-needs_samples = pytest.mark.skipif(not MANIFEST.exists(), reason=f"sample corpus not at {SHARED_SAMPLES}")
-
-
-def clip(name: str) -> str:
-    """A sample from the corpus, else the bundled subset; skips the test when only the corpus has it."""
-    for folder in (SHARED_SAMPLES, BUNDLED):
-        if (folder / name).is_file():
-            return str(folder / name)
-    pytest.skip(f"{name} is only in the sample corpus, not at {SHARED_SAMPLES}")
-
-
 CFG = SamplingConfig()
 NO_DENSIFY = SamplingConfig(motion_densify=False)
 LONG = "one-by-one-person-detection.mp4"
@@ -52,18 +40,23 @@ ROWS = manifest()
 
 
 def sampled(name: str, cfg: SamplingConfig = CFG):
-    return _sampled(name, cfg)  # one cache key whether or not cfg is passed
+    # The clip is looked up outside the cache, so the samples guard sees every test that asks.
+    return _sampled(str(clip(name)), cfg)  # one cache key whether or not cfg is passed
 
 
 @functools.cache
-def _sampled(name: str, cfg: SamplingConfig):
-    return sample_video(clip(name), cfg)
+def _sampled(path: str, cfg: SamplingConfig):
+    return sample_video(path, cfg)
 
 
-@functools.cache
 def frame_times(name: str) -> tuple[float, ...]:
     """Presentation times of every frame, relative to the stream start, from demuxing alone."""
-    with av.open(clip(name)) as c:
+    return _frame_times(str(clip(name)))
+
+
+@functools.cache
+def _frame_times(path: str) -> tuple[float, ...]:
+    with av.open(path) as c:
         s = c.streams.video[0]
         t0 = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
         return tuple(sorted(float(p.pts * s.time_base) - t0 for p in c.demux(s) if p.pts is not None))
@@ -72,7 +65,7 @@ def frame_times(name: str) -> tuple[float, ...]:
 def full_decode(name: str, times: list[float]) -> dict[float, av.VideoFrame]:
     """Frames at the given relative times from a plain decode of the whole file (no seeking)."""
     wanted, out = {round(t, 6) for t in times}, {}
-    with av.open(clip(name)) as c:
+    with av.open(str(clip(name))) as c:
         s = c.streams.video[0]
         t0 = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
         for frame in c.decode(s):
@@ -275,7 +268,7 @@ def test_missing_file_and_audio_only_raise_sampling_error(tmp_path):
 # ---------------------------------------------------------------- the sample corpus
 
 
-@needs_samples
+@corpus
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_every_sample_respects_floor_cap_timing_and_size(name):
     row, result = ROWS[name], sampled(name)
@@ -293,7 +286,7 @@ def test_every_sample_respects_floor_cap_timing_and_size(name):
     assert result.decode_stats["late_seeks"] == 0 or name == "cityCC0.mpg"  # MPEG-PS seeks by byte search
 
 
-@needs_samples
+@corpus
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_every_sample_picks_the_first_frame_at_or_after_each_target(name):
     cfg = CFG if float(ROWS[name]["duration_s"]) <= CFG.long_video_s else NO_DENSIFY
@@ -302,7 +295,9 @@ def test_every_sample_picks_the_first_frame_at_or_after_each_target(name):
     assert result.segments[0].timestamps == pytest.approx(first_at_or_after(frame_times(name), targets), abs=1e-9)
 
 
-@pytest.mark.parametrize("name", ["cockatoo.mp4", "cityCC0.mpg", "bikes.mp4", "tree.avi", "no_duration.webm", LONG])
+@pytest.mark.parametrize(
+    "name", corpus_params(["cockatoo.mp4", "cityCC0.mpg", "bikes.mp4", "tree.avi", "no_duration.webm", LONG])
+)
 def test_sparse_frames_equal_the_same_frames_from_a_full_decode(name):
     """Seeking must not change pixels (cockatoo and MPEG-2 give corrupt frames after a careless seek)."""
     result = sampled(name, NO_DENSIFY)
@@ -315,12 +310,13 @@ def test_sparse_frames_equal_the_same_frames_from_a_full_decode(name):
         assert np.abs(ref.astype(int) - got).mean() < 0.5, t
 
 
+@corpus
 def test_one_set_of_swscale_contexts_converts_a_mix_of_frames_as_fresh_ones_do():
     """The sampler keeps its swscale contexts across frames (_Reformatters); frames of other sizes and
     pixel formats in between (YUV scaled in YUV, cinepak's RGB in one step) must not change a pixel."""
     frames = []
     for name in ("bikes.mp4", "tree.avi", "cockatoo.mp4"):
-        with av.open(clip(name)) as c:
+        with av.open(str(clip(name))) as c:
             frames += [f for _, f in zip(range(3), c.decode(video=0))]
     assert len({(f.width, f.height, f.format.name) for f in frames}) >= 2
     shared = _Reformatters()
@@ -331,10 +327,10 @@ def test_one_set_of_swscale_contexts_converts_a_mix_of_frames_as_fresh_ones_do()
             assert np.array_equal(to_rgb(f, *size, shared), fresh)
 
 
-@pytest.mark.parametrize("name", [LONG, "cockatoo.mp4", "bikes.mp4", "asl_eat.mkv", "tree.avi"])
+@pytest.mark.parametrize("name", corpus_params([LONG, "cockatoo.mp4", "bikes.mp4", "asl_eat.mkv", "tree.avi"]))
 def test_index_keyframes_are_presentation_times(name):
     """mp4 indexes decode times (B-frames: earlier than presentation); seeks are planned on presentation times."""
-    with av.open(clip(name)) as c:
+    with av.open(str(clip(name))) as c:
         s = c.streams.video[0]
         t0 = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
         from_index = _index_keyframes(c, s, t0)
@@ -369,6 +365,7 @@ def test_webm_without_duration_is_estimated_and_sampled():
     assert len(seg.timestamps) == CFG.min_frames and seg.timestamps[-1] <= result.duration_s
 
 
+@corpus
 def test_long_clip_decodes_far_fewer_frames_than_a_full_decode():
     total = len(frame_times(LONG))
     assert total == 1394
@@ -378,6 +375,7 @@ def test_long_clip_decodes_far_fewer_frames_than_a_full_decode():
     assert sampled(LONG).decode_stats["keyframe_only"] is True
 
 
+@corpus
 def test_motion_densification_changes_the_long_plan_only_within_the_cap():
     dense, uniform = sampled(LONG).segments[0], sampled(LONG, NO_DENSIFY).segments[0]
     assert len(uniform.timestamps) == CFG.max_frames
@@ -417,7 +415,12 @@ def test_short_segments_keep_the_floor_of_what_they_contain():
 
 
 @pytest.mark.parametrize(
-    "name,cuts", [("bikes.mp4", [1.2, 3.04, 5.48, 7.48]), ("cityCC0.mpg", [4.64]), ("realshort.mp4", [])]
+    "name,cuts",
+    [
+        pytest.param("bikes.mp4", [1.2, 3.04, 5.48, 7.48], marks=corpus),
+        pytest.param("cityCC0.mpg", [4.64], marks=corpus),
+        ("realshort.mp4", []),
+    ],
 )
 def test_scene_split_on_real_cuts(name, cuts):
     result = sampled(name, SamplingConfig(scene_split=True))

@@ -16,9 +16,10 @@ import pytest
 
 from resources.archive import TEXT, assemble_packaged
 from resources.delta import DeltaTables
-from tests.conftest import REPO, copy_samples
+from tests.fixtures.browser import launch, playwright_sync_api
 from tests.fixtures.golden_index import golden
 from tests.fixtures.processes import free_port, stop
+from tests.fixtures.samples import REPO, copy_samples
 from tests.test_search import caption_embeddings
 from video_assets.core.embeddings.text import TextEncoder
 from video_assets.core.search import index as ix
@@ -27,8 +28,6 @@ from video_assets.core.tables import RAW_VIDEOS, to_arrow
 CLIPS = ["sam2_04_coffee.mp4", "fire2.mp4", "chaplin.mp4", "bottle-detection.mp4"]
 START_S, END_S = 2.0, 6.0  # the captions' time range: a click must play from START_S
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking"]
 
 pytestmark = pytest.mark.slow
 
@@ -144,12 +143,10 @@ def test_api(server):
 
 @pytest.mark.browser
 def test_browser_search_and_play(server):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM}")
+    sync_api = playwright_sync_api()  # missing Chromium: a failure under CI, a skip elsewhere
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = launch(pw)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.goto(server["url"] + "/")

@@ -7,7 +7,7 @@ from dagster import SensorResult, SkipReason, build_sensor_context
 
 from resources.delta import DeltaTables
 from resources.volume import VideoVolume
-from tests.conftest import copy_samples
+from tests.fixtures.samples import copy_samples
 from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.ingest.sensors import upload_sensor
 from video_assets.defs.partitions import video_batches

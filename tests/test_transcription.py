@@ -14,7 +14,7 @@ import av
 import numpy as np
 import pytest
 
-from tests.conftest import BUNDLED, SAMPLES, SHARED_SAMPLES, copy_samples
+from tests.fixtures.samples import BUNDLED, MANIFEST, clip, copy_samples, corpus_params, find
 from tests.fixtures.speech import RATE, mux_clip
 from tests.fixtures.speech import speech_clip as speech_clip_at
 from video_assets.core.transcription.audio import TranscriptionError, decode_audio
@@ -192,14 +192,13 @@ def test_clip_without_audio_gives_one_no_audio_row(transcriber, tmp_path, name):
 def clips_with_audio() -> list[str]:
     """The sample clips that really carry an audio stream (MANIFEST.csv's audio column, checked with av).
     None of them holds speech: silent tracks, room noise, a silent film's music."""
-    manifest = SHARED_SAMPLES / "MANIFEST.csv"
-    if manifest.exists():
-        names = [r["file"] for r in csv.DictReader(manifest.open()) if r["audio"] != "no"]
+    if MANIFEST.exists():
+        names = [r["file"] for r in csv.DictReader(MANIFEST.open()) if r["audio"] != "no"]
     else:
         names = sorted(p.name for p in BUNDLED.iterdir() if p.suffix != ".md")
     found = []
     for name in names:
-        path = SAMPLES / name if (SAMPLES / name).is_file() else BUNDLED / name
+        path = find(name)
         try:
             with av.open(str(path)) as c:
                 if c.streams.audio:
@@ -210,9 +209,9 @@ def clips_with_audio() -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", clips_with_audio())
+@pytest.mark.parametrize("name", corpus_params(clips_with_audio()))
 def test_sample_audio_without_speech_invents_no_words(transcriber, name):
-    path = SAMPLES / name if (SAMPLES / name).is_file() else BUNDLED / name
+    path = clip(name)
     rows = transcribe_video(video_row(path), transcriber)
     assert [(r["status"], r["text"]) for r in rows] == [("no_speech", "")]
 
@@ -236,7 +235,7 @@ def test_synthetic_silence_and_noise_give_no_speech(transcriber, tmp_path, kind)
 def test_guard_alone_drops_what_whisper_invents(whisper_dir, name):
     """With voice detection off, Whisper does invent text on these clips (room noise; a silent film's music,
     which loops "5.5.5…"): the guard must drop it and count it."""
-    transcript = Transcriber(whisper_dir, vad=False).transcribe(decode_audio(str(BUNDLED / name)))
+    transcript = Transcriber(whisper_dir, vad=False).transcribe(decode_audio(str(clip(name))))
     assert transcript.segments == [] and transcript.dropped >= 1
 
 
