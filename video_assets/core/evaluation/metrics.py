@@ -1,10 +1,16 @@
-"""Scoring predicted verdicts and events against a golden set. Pure functions, no Dagster."""
+"""Scoring predicted verdicts and events against a golden set. Pure functions, no Dagster.
+
+Label scores come from scikit-learn (``precision_recall_fscore_support``, ``confusion_matrix``) and the
+interval from SciPy (``scipy.stats.bootstrap``); this module adds its zero-division convention and the
+event matching, which sklearn has no notion of.
+"""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from video_assets.core.vocabulary import ANSWERED, FLAGGED, SEVERITY, UNPARSED, VERDICTS
 
@@ -18,41 +24,60 @@ class Event:
 
 
 def prf(tp: int, fp: int, fn: int) -> dict[str, float]:
-    """Precision, recall, F1; 1.0 where there was nothing to find and nothing was claimed."""
+    """Precision, recall, F1 from counts (the event matching's); 1.0 where there was nothing to find
+    and nothing was claimed. ``_label_scores`` gives labels the same convention."""
     precision = tp / (tp + fp) if tp + fp else (1.0 if fn == 0 else 0.0)
     recall = tp / (tp + fn) if tp + fn else (1.0 if fp == 0 else 0.0)
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"precision": precision, "recall": recall, "f1": f1, "support": tp + fn}
 
 
+def _label_scores(expected: Sequence, predicted: Sequence, labels: Sequence) -> list[dict[str, float]]:
+    """scikit-learn's precision, recall and F1 of each label, under ``prf``'s convention for what sklearn
+    leaves undefined (NaN): a precision with nothing claimed is 1.0 when there was nothing to find, else
+    0.0; a recall with nothing to find is 1.0 when nothing was claimed, else 0.0; an F1 with neither, 1.0."""
+    from sklearn.metrics import precision_recall_fscore_support
+
+    if len(expected) == 0:  # sklearn refuses empty inputs
+        return [prf(0, 0, 0) for _ in labels]
+    scores = precision_recall_fscore_support(
+        expected, predicted, labels=list(labels), average=None, zero_division=np.nan
+    )
+    out = []
+    for precision, recall, f1, support in zip(*scores):
+        nothing_claimed, nothing_to_find = bool(np.isnan(precision)), support == 0
+        out.append(
+            {
+                "precision": float(nothing_to_find) if nothing_claimed else float(precision),
+                "recall": float(nothing_claimed) if nothing_to_find else float(recall),
+                "f1": 1.0 if np.isnan(f1) else float(f1),
+                "support": int(support),
+            }
+        )
+    return out
+
+
 def confusion_matrix(
     expected: Sequence[str], predicted: Sequence[str], labels: Sequence[str] = VERDICTS
 ) -> list[list[int]]:
-    """Rows: expected label; columns: predicted label (an unknown prediction counts in no column)."""
-    index = {label: i for i, label in enumerate(labels)}
-    matrix = [[0] * len(labels) for _ in labels]
-    for e, p in zip(expected, predicted, strict=True):
-        if e in index and p in index:
-            matrix[index[e]][index[p]] += 1
-    return matrix
+    """Rows: expected label; columns: predicted label (a pair with a label outside ``labels`` counts
+    in no cell)."""
+    from sklearn.metrics import confusion_matrix as sk_confusion_matrix
+
+    if len(expected) != len(predicted):
+        raise ValueError(f"{len(expected)} expected labels but {len(predicted)} predicted")
+    if not set(expected) & set(labels):  # sklearn refuses these (and empty inputs); no pair counts
+        return [[0] * len(labels) for _ in labels]
+    return sk_confusion_matrix(expected, predicted, labels=list(labels)).tolist()
 
 
 def per_class(expected: Sequence[str], predicted: Sequence[str], labels: Sequence[str] = VERDICTS) -> dict[str, dict]:
-    out = {}
-    for label in labels:
-        tp = sum(e == label and p == label for e, p in zip(expected, predicted))
-        fp = sum(e != label and p == label for e, p in zip(expected, predicted))
-        fn = sum(e == label and p != label for e, p in zip(expected, predicted))
-        out[label] = prf(tp, fp, fn)
-    return out
+    return dict(zip(labels, _label_scores(expected, predicted, labels)))
 
 
 def flagged_scores(expected: Sequence[str], predicted: Sequence[str]) -> dict[str, float]:
     """The binary decision a dashboard acts on: confirmed or suspected."""
-    tp = sum(e in FLAGGED and p in FLAGGED for e, p in zip(expected, predicted))
-    fp = sum(e not in FLAGGED and p in FLAGGED for e, p in zip(expected, predicted))
-    fn = sum(e in FLAGGED and p not in FLAGGED for e, p in zip(expected, predicted))
-    return prf(tp, fp, fn)
+    return _label_scores([e in FLAGGED for e in expected], [p in FLAGGED for p in predicted], [True])[0]
 
 
 def temporal_iou(a: Event, b: Event) -> float:
@@ -99,27 +124,52 @@ def event_scores(
     return scores
 
 
+def flagged_f1(expected: Sequence[str], predicted: Sequence[str]) -> float:
+    return flagged_scores(expected, predicted)["f1"]
+
+
+def _flagged_f1_resamples(flag_expected: np.ndarray, flag_predicted: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``flagged_f1`` of many resamples at once (scipy's vectorized statistic: one sklearn call per
+    resample costs 40x more): 2tp / (2tp + fp + fn), 1.0 with nothing to find and nothing claimed."""
+    tp = (flag_expected & flag_predicted).sum(axis=axis)
+    wrong = (flag_expected != flag_predicted).sum(axis=axis)
+    return np.where(2 * tp + wrong == 0, 1.0, 2 * tp / np.maximum(2 * tp + wrong, 1))
+
+
 def bootstrap_ci(
     expected: Sequence[str],
     predicted: Sequence[str],
-    metric=lambda e, p: flagged_scores(e, p)["f1"],
+    metric=None,
     n: int = 1000,
     alpha: float = 0.05,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap over videos of any metric of (expected, predicted)."""
+    """Percentile bootstrap over videos (``scipy.stats.bootstrap``, pairs resampled together) of any
+    metric of (expected, predicted); by default ``flagged_f1``."""
     if not expected:
         return (0.0, 0.0)
-    rng = random.Random(seed)
-    idx = range(len(expected))
-    samples = []
-    for _ in range(n):
-        pick = [rng.choice(idx) for _ in idx]
-        samples.append(metric([expected[i] for i in pick], [predicted[i] for i in pick]))
-    samples.sort()
-    lo = samples[int(alpha / 2 * (n - 1))]
-    hi = samples[int((1 - alpha / 2) * (n - 1))]
-    return (lo, hi)
+    if len(expected) == 1:  # scipy needs two observations; every resample of one is that one
+        value = float((metric or flagged_f1)(list(expected), list(predicted)))
+        return (value, value)
+    from scipy.stats import bootstrap
+
+    if metric is None or metric is flagged_f1:
+        flags = [np.array([v in FLAGGED for v in values]) for values in (expected, predicted)]
+        data, statistic, vectorized = tuple(flags), _flagged_f1_resamples, True
+    else:
+        data = (np.asarray(expected, dtype=object), np.asarray(predicted, dtype=object))
+        statistic, vectorized = (lambda e, p: metric(list(e), list(p))), False
+    result = bootstrap(
+        data,
+        statistic,
+        paired=True,
+        vectorized=vectorized,
+        n_resamples=n,
+        confidence_level=1 - alpha,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    return (float(result.confidence_interval.low), float(result.confidence_interval.high))
 
 
 def coverage(statuses: Iterable[str]) -> dict[str, float]:
