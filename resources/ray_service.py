@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from resources.settings import dagster_home, embedded_ray_auth
+from resources.settings import REPO_ROOT, SHIPPED_PACKAGES, dagster_home, embedded_ray_auth
 
 START_TIMEOUT_S = 180.0
 
@@ -52,6 +52,35 @@ def service_address() -> str | None:
     """The running service's GCS address, or None (no service, or it is gone)."""
     info = _info()
     return info["address"] if info and _answers(info["address"]) else None
+
+
+def ray_outlives_steps() -> bool:
+    """Whether steps join a Ray cluster that outlives them: RAY_ADDRESS's, or this instance's local
+    service (`video-assets ray up`). Engines may then stay warm between batches."""
+    return bool(os.environ.get("RAY_ADDRESS")) or service_address() is not None
+
+
+def ray_init_options() -> dict:
+    """Embedded Ray: no dashboard (saves a process and a port on a laptop); with this instance's local
+    Ray service running (`video-assets ray up`), nothing (the resource joins ``local_ray_address()``).
+    With RAY_ADDRESS set,
+    ray.init connects to that cluster and takes no local-cluster options, but ships this product's
+    code to its workers in a ``runtime_env`` (``py_modules``), so a cluster whose image lacks the
+    package still runs it; ``RAY_SHIP_CODE=0`` turns that off for images that have it."""
+    if os.environ.get("RAY_ADDRESS"):
+        if os.environ.get("RAY_SHIP_CODE", "1").strip().lower() in ("0", "false", "no", "off"):
+            return {}
+        return {"runtime_env": {"py_modules": [str(REPO_ROOT / p) for p in SHIPPED_PACKAGES]}}
+    if local_ray_address():  # this instance's long-lived local Ray: joined as it is (same machine, code)
+        return {}
+    return {"include_dashboard": False}
+
+
+def local_ray_address() -> str | None:
+    """This instance's long-lived local Ray (`video-assets ray up`) when it runs and RAY_ADDRESS is unset."""
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    return service_address()
 
 
 def _temp_dir() -> Path:

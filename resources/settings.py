@@ -63,39 +63,6 @@ def default_curation_dir() -> str:
 SHIPPED_PACKAGES = ("video_assets", "resources")
 
 
-def ray_outlives_steps() -> bool:
-    """Whether steps join a Ray cluster that outlives them: RAY_ADDRESS's, or this instance's local
-    service (`video-assets ray up`). Engines may then stay warm between batches."""
-    from resources.ray_service import service_address
-
-    return bool(os.environ.get("RAY_ADDRESS")) or service_address() is not None
-
-
-def ray_init_options() -> dict:
-    """Embedded Ray: no dashboard (saves a process and a port on a laptop); with this instance's local
-    Ray service running (`video-assets ray up`), nothing (the resource joins ``local_ray_address()``).
-    With RAY_ADDRESS set,
-    ray.init connects to that cluster and takes no local-cluster options, but ships this product's
-    code to its workers in a ``runtime_env`` (``py_modules``), so a cluster whose image lacks the
-    package still runs it; ``RAY_SHIP_CODE=0`` turns that off for images that have it."""
-    if os.environ.get("RAY_ADDRESS"):
-        if os.environ.get("RAY_SHIP_CODE", "1").strip().lower() in ("0", "false", "no", "off"):
-            return {}
-        return {"runtime_env": {"py_modules": [str(REPO_ROOT / p) for p in SHIPPED_PACKAGES]}}
-    if local_ray_address():  # this instance's long-lived local Ray: joined as it is (same machine, code)
-        return {}
-    return {"include_dashboard": False}
-
-
-def local_ray_address() -> str | None:
-    """This instance's long-lived local Ray (`video-assets ray up`) when it runs and RAY_ADDRESS is unset."""
-    if os.environ.get("RAY_ADDRESS"):
-        return None
-    from resources.ray_service import service_address
-
-    return service_address()
-
-
 def ray_auth_token_path() -> Path:
     """This instance's Ray token: one per DAGSTER_HOME, so two instances on a machine (or a stale
     ``~/.ray/auth_token`` from another tool) never share one."""

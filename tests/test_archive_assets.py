@@ -16,10 +16,10 @@ from resources.search import SearchIndex
 from resources.vlm import VlmSettings
 from tests.fixtures.samples import copy_samples
 from tests.fixtures.speech import speech_clip
+from tests.fixtures.tiny_clip import build_tiny_clip
 from video_assets.core.embeddings.job import load_frame_encoder
 from video_assets.core.embeddings.text import TextEncoder
 from video_assets.core.media.sampling import SamplingConfig, sample_video
-from video_assets.core.models.tiny_clip import build_tiny_clip
 from video_assets.core.search.index import LanceSearcher
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.embeddings import embedding_checks

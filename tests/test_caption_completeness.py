@@ -10,13 +10,12 @@ import polars as pl
 import pytest
 from dagster import materialize
 
-import video_assets.defs.captioning.runner as runner
+import video_assets.defs.engines as runner
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
-from resources.ray_cluster import EmbeddedRay
 from resources.settings import embedded_ray_auth
 from resources.vlm import VlmSettings
-from tests.conftest import copy_samples
+from tests.fixtures.samples import copy_samples
 from video_assets.core.captioning.versions import captioned_ok, split_key, video_completeness
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
@@ -56,7 +55,7 @@ def _per_video(tables: DeltaTables) -> dict[str, tuple[int, int, int]]:
 
 @pytest.mark.slow
 def test_a_crash_between_merges_then_a_rerun_leaves_every_video_whole(
-    instance, resources, volume_dir, tiny_model_cache, tmp_path, monkeypatch
+    instance, resources, session_ray, volume_dir, tiny_model_cache, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(runner, "WRITE_EVERY", 2)  # several merges in one small batch
     copy_samples(volume_dir, CLIPS)
@@ -67,7 +66,7 @@ def test_a_crash_between_merges_then_a_rerun_leaves_every_video_whole(
             tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
         ),
         "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=4, vlm_batch_size=4),
-        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        **session_ray,  # the session's Ray, joined
     }
     [key] = register_new_files(res["volume"], tables).batches
     instance.add_dynamic_partitions(video_batches.name, [key])
@@ -118,15 +117,34 @@ def _ones(found: dict) -> dict:
 @pytest.mark.slow
 def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, tmp_path, dagster_home):
     """Fault injection: the first decode task kills its Ray worker (as an OOM kill would). Ray runs the
-    task again; the written table has exactly one row per (video, segment), every video whole."""
+    task again; the written table has exactly one row per (video, segment), every video whole. The
+    fault is put into each Ray worker by a setup hook (the product has no hook of its own)."""
     import ray
 
-    marker = tmp_path / "killed"
+    marker = str(tmp_path / "killed")
+
+    def kill_the_first_decode():  # runs in every Ray worker at start (pickled by value)
+        import os
+
+        from video_assets.core.captioning import job
+
+        real = job.sample_video
+
+        def sample_then_die_once(*args, **kwargs):
+            sampled = real(*args, **kwargs)
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return sampled  # Ray's retry (and every later task) goes on
+            os._exit(1)
+
+        job.sample_video = sample_then_die_once
+
     tables = DeltaTables(root_uri=str(tmp_path / "tables"))
     vlm = VlmSettings(cache_dir=str(tmp_path), engine="transformers", max_new_tokens=4, vlm_batch_size=4)
     sampling = SamplingConfig(min_frames=2, max_frames=3, segment_s=2.0)
     spec = runner.job_spec(sampling, vlm, "transformers", ModelFiles(str(tiny_model)), "Describe.")
-    spec = replace(spec, kill_decode_worker_once=str(marker), cpu_concurrency=1)
+    spec = replace(spec, cpu_concurrency=1)
     samples = Path(__file__).resolve().parents[1] / "samples"
     todo = pl.DataFrame(
         [
@@ -143,12 +161,12 @@ def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, 
     )
     stamp = {"model_name": "tiny", "model_version": "1", "prompt_version": 1, "engine": "transformers"}
     with embedded_ray_auth():  # the product's embedded Ray: token authentication on
-        ray.init(num_cpus=2, include_dashboard=False)
+        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"worker_process_setup_hook": kill_the_first_decode})
         try:
             runner.run_captioning(_Log(), tables, todo, spec, stamp)
         finally:
             ray.shutdown()
-    assert marker.exists(), "the fault was not injected"
+    assert Path(marker).exists(), "the fault was not injected"
     df = pl.read_delta(tables.table_uri(CAPTIONS))
     assert df.group_by("video_id", "segment").len()["len"].max() == 1
     assert (df["status"] == "ok").all()
@@ -230,7 +248,13 @@ def test_a_table_from_before_the_completeness_columns_takes_new_rows(tmp_path):
         pa.Table.from_pylist([{k: r.get(k) for k in old_schema.names} for r in old], schema=old_schema),
     )
     new = _rows("v1", ["ok", "ok"], 2)
-    runner._write(tables, new, {k: new[0][k] for k in ("model_name", "model_version", "prompt_version", "engine")}, "s")
+    runner._write(
+        tables,
+        new,
+        {k: new[0][k] for k in ("model_name", "model_version", "prompt_version", "engine")},
+        "s",
+        "captions",
+    )
     df = pl.read_delta(tables.table_uri(CAPTIONS)).sort("video_id", "segment")
     assert df["video_id"].to_list() == ["kept", "v1", "v1"]
     assert df["segments"].to_list() == [None, 2, 2] and df["split"].to_list() == [None, "s", "s"]

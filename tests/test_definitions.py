@@ -87,6 +87,10 @@ def test_engine_steps_share_one_pool_limited_by_the_instance(instance):
     assert pooled == {
         "captions",
         "structured_events",
+        # promotion: a challenger captions, structures and is scored in one step
+        "candidate_captions",
+        "candidate_events",
+        "candidate_scores",
         "promotion_decisions",
         "transcripts",
         "frame_embeddings",

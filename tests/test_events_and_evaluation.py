@@ -6,15 +6,13 @@ import os
 import polars as pl
 import pytest
 from dagster import SkipReason, build_sensor_context, materialize
-from dagster_ray.configs import Lifecycle
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from resources.mlflow_registry import MlflowRegistry
-from resources.ray_cluster import EmbeddedRay
 from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
-from tests.conftest import copy_samples
+from tests.fixtures.samples import copy_samples
 from tests.fixtures.tiny_models import build_tiny_vlm
 from video_assets.core.routing import route
 from video_assets.core.structuring import usecase as uc_mod
@@ -47,6 +45,8 @@ ALL = [
 
 
 def _resources(base, tmp_path, model_source=None, cache=None, **structurer):
+    """``base``: the volume and tables, and the session's Ray resources (``ray_cluster``, and
+    ``ray_on_demand`` that the structuring step connects only when vLLM may run, as in definitions.py)."""
     return {
         **base,
         "mlflow_registry": MlflowRegistry(
@@ -59,9 +59,6 @@ def _resources(base, tmp_path, model_source=None, cache=None, **structurer):
             **({"model_source": model_source} if model_source else {}),
         ),
         "structurer": StructurerSettings(device="cpu", **structurer),
-        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
-        # As in definitions.py: Ray for the structuring step only when vLLM may run.
-        "ray_on_demand": EmbeddedRay(ray_init_options={"include_dashboard": False}, lifecycle=Lifecycle(connect=False)),
     }
 
 
@@ -77,10 +74,14 @@ def read(res, name):
 
 
 @pytest.mark.slow
-def test_every_caption_becomes_a_routed_scored_row(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+def test_every_caption_becomes_a_routed_scored_row(
+    instance, resources, session_ray, volume_dir, tiny_model_cache, tmp_path
+):
     copy_samples(volume_dir, ["asl_eat.mkv", "realshort.mp4", "bottle-detection.mp4"])
     (volume_dir / "corrupt.mp4").write_bytes(os.urandom(30_000))
-    res = _resources(resources, tmp_path, cache=tiny_model_cache, use_cases="object_handling,loss_prevention")
+    res = _resources(
+        {**resources, **session_ray}, tmp_path, cache=tiny_model_cache, use_cases="object_handling,loss_prevention"
+    )
     key = _batch(res, instance)
     run_config = {"ops": {"captions": {"config": CAPTION_CONFIG}}}
     assert materialize([vlm_model, caption_prompt, golden_set], instance=instance, resources=res).success
@@ -180,7 +181,7 @@ def test_every_caption_becomes_a_routed_scored_row(instance, resources, volume_d
 def _decisions(result):
     return [
         m
-        for m in result.asset_materializations_for_node("promotion_decisions")
+        for m in result.asset_materializations_for_node("promotion")
         if m.asset_key.to_user_string() == "promotion_decisions"
     ]
 
@@ -191,21 +192,21 @@ def _decision(result):
 
 
 @pytest.mark.slow
-def test_promotion_both_ways(instance, resources, volume_dir, tmp_path):
+def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_path):
     # Two labelled 'confirmed' clips and one 'none': a model that always answers confirmed beats one
     # that always answers none on flagged F1 (0.8 vs 0) and macro F1 (0.7 vs 0.625).
     copy_samples(volume_dir, ["bottle-detection.mp4", "sam2_04_coffee.mp4", "asl_eat.mkv"])
     says_none = build_tiny_vlm(tmp_path / "models" / "says-none", prefer="none")
     says_confirmed = build_tiny_vlm(tmp_path / "models" / "says-confirmed", prefer="confirmed")
     cache = tmp_path / "cache"
-    base = _resources(resources, tmp_path, model_source=str(says_none), cache=cache)
+    base = _resources({**resources, **session_ray}, tmp_path, model_source=str(says_none), cache=cache)
     key = _batch(base, instance)
     assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=base).success
     assert materialize([vlm_model, caption_prompt, golden_set], instance=instance, resources=base).success
     client = MlflowClient(base["mlflow_registry"].tracking_uri)
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "1"
 
-    challenger = _resources(resources, tmp_path, model_source=str(says_confirmed), cache=cache)
+    challenger = _resources({**resources, **session_ray}, tmp_path, model_source=str(says_confirmed), cache=cache)
     reg = materialize([vlm_model], instance=instance, resources=challenger)
     assert reg.asset_materializations_for_node("vlm_model")[0].metadata["alias"].value == "challenger"
     assert str(client.get_model_version_by_alias("video-captioner", "challenger").version) == "2"
@@ -215,22 +216,23 @@ def test_promotion_both_ways(instance, resources, volume_dir, tmp_path):
     request = challenger_sensor(build_sensor_context(instance=instance, resources=sensor_res))
     assert request.run_key == "model-2-prompt-None"
 
-    run_config = {"ops": {"promotion_decisions": {"config": {"bootstrap": 20, "max_frames": 4, "min_frames": 2}}}}
+    run_config = {"ops": {"promotion": {"config": {"bootstrap": 20, "max_frames": 4, "min_frames": 2}}}}
     better = defs.resolve_job_def("promote_challenger").execute_in_process(
         instance=instance, resources=challenger, run_config=run_config
     )
     assert better.success and _decision(better)["promoted"].value is True
-    # What the job wrote into other stages' tables has lineage: materialisations of those assets.
+    # The job writes only tables of its own, each a materialisation: the pipeline's tables are untouched.
     written = {
         m.asset_key.to_user_string()
         for m in better.get_asset_materialization_events()
         for m in [m.event_specific_data.materialization]
     }
-    assert written >= {"captions", "structured_events", "eval_scores", "promotion_decisions"}
+    assert written == {"candidate_captions", "candidate_events", "candidate_scores", "promotion_decisions"}
+    assert not base["tables"].exists("captions") and not base["tables"].exists("eval_scores")
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "2"
     decisions = read(base, "promotion_decisions")
     assert decisions.height == 1 and decisions["promoted"][0]
-    scores = read(base, "eval_scores")
+    scores = read(base, "candidate_scores")
     by_candidate = {r["candidate"]: r for r in scores.to_dicts()}
     assert by_candidate["production"]["flagged_f1"] == 0.0 and by_candidate["challenger"][
         "flagged_f1"
@@ -251,7 +253,7 @@ def test_promotion_both_ways(instance, resources, volume_dir, tmp_path):
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "2"  # unchanged
     decisions = read(base, "promotion_decisions").sort("decided_at")
     assert decisions["promoted"].to_list() == [True, False]
-    assert read(base, "eval_scores").height == 4  # both score sets of both decisions
+    assert read(base, "candidate_scores").height == 4  # both score sets of both decisions
     with pytest.raises(MlflowException, match="challenger"):
         client.get_model_version_by_alias("video-captioner", "challenger")  # evaluated: alias cleared
     assert "rejected" in client.get_model_version("video-captioner", "1").tags["promotion"]

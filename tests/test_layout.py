@@ -115,3 +115,45 @@ def test_the_makefile_parses_and_names_its_targets():
     targets = ["demo", "test", "ui", "mlflow-ui", "ray-up", "ray-down", "bench", "gpu-check", "test-vllm-cpu"]
     done = subprocess.run(["make", "-n", *targets], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def cross_stage_imports(defs_root: Path) -> list[str]:
+    """``file:line: module`` for every import (top level or inside a function) by one stage folder's
+    code of another stage folder's: shared pieces live in the defs-level modules (common, lineage,
+    engines, registry, scoring, partitions), so a stage is read in one hop."""
+    stages = {p.name for p in defs_root.iterdir() if (p / "__init__.py").is_file()}
+    hits = []
+    for stage in sorted(stages):
+        for path in sorted((defs_root / stage).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                else:
+                    continue
+                for name in names:
+                    parts = name.split(".")
+                    if parts[:2] == ["video_assets", "defs"] and len(parts) > 2 and parts[2] in stages - {stage}:
+                        hits.append(f"{path.relative_to(defs_root)}:{node.lineno}: {name}")
+                        break
+    return sorted(set(hits))
+
+
+def test_the_checker_catches_a_deliberate_cross_stage_import(tmp_path):
+    for stage in ("captioning", "routing"):
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "__init__.py").write_text("")
+    (tmp_path / "lineage.py").write_text("")
+    (tmp_path / "routing" / "ok.py").write_text("from video_assets.defs.lineage import upstream_pair\n")
+    (tmp_path / "routing" / "own.py").write_text("from video_assets.defs.routing import ok\n")
+    (tmp_path / "routing" / "bad.py").write_text("def f():\n    from video_assets.defs import captioning\n")
+    (tmp_path / "captioning" / "worse.py").write_text("import video_assets.defs.routing.ok\n")
+    assert cross_stage_imports(tmp_path) == [
+        "captioning/worse.py:1: video_assets.defs.routing.ok",
+        "routing/bad.py:2: video_assets.defs.captioning",
+    ]
+
+
+def test_no_stage_imports_another_stage():
+    assert cross_stage_imports(ROOT / "video_assets" / "defs") == []

@@ -22,9 +22,10 @@ from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry, MlflowUnavailable, is_not_found
 from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
+from tests.fixtures.processes import free_port
 from video_assets.core.tables import PROMOTIONS
 from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, caption_prompt
-from video_assets.defs.promotion.assets import promotion_decisions
+from video_assets.defs.promotion.assets import promotion
 from video_assets.defs.promotion.sensors import challenger_sensor
 
 MODEL = "video-captioner"
@@ -94,17 +95,11 @@ def _failure_text(result) -> str:
 
 
 # -- unreachable ------------------------------------------------------------------------------------------
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("server", ["closed port", "silent listener"])
 def test_an_unreachable_tracking_server_fails_the_step_in_seconds(instance, server, tmp_path):
     listener = None
     if server == "closed port":
-        port = _closed_port()
+        port = free_port()
     else:  # accepts connections (the kernel's backlog) but never answers: the hang the client retries
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
@@ -235,7 +230,7 @@ def test_the_promotion_gate_under_an_injected_registry_error(instance, store, tm
         "tables": tables,
         "ray_cluster": LocalRay(lifecycle=Lifecycle(connect=False)),  # never reached: nothing to run on Ray
     }
-    result = materialize([promotion_decisions], instance=instance, resources=resources, raise_on_error=False)
+    result = materialize([promotion], instance=instance, resources=resources, raise_on_error=False)
     assert not result.success
     text = _failure_text(result)
     assert "challenger" in text and "MLFLOW_TRACKING_URI" in text, text

@@ -56,11 +56,15 @@ def _http(addr: str) -> int | str:
 
 
 def _listeners() -> list[tuple[int, str, str, int]]:
-    """(pid, name, ip, port) of every listening TCP socket of this process's descendants: the Ray
-    head node the resource started (GCS, raylet, agents, workers)."""
+    """(pid, name, ip, port) of every listening TCP socket of this process's descendants started by
+    the run: the Ray head node the resource started (GCS, raylet, agents, workers). Processes that
+    were already there (another test's session Ray, with its own token) and theirs are not the run's."""
     found = []
+    earlier = observed.get("earlier", set())
     for proc in psutil.Process().children(recursive=True):
         try:
+            if {proc.pid, *(p.pid for p in proc.parents())} & earlier:
+                continue
             for c in proc.net_connections(kind="inet"):
                 if c.status == psutil.CONN_LISTEN:
                     found.append((proc.pid, proc.name(), c.laddr.ip, c.laddr.port))
@@ -121,6 +125,7 @@ def test_embedded_ray_refuses_clients_without_the_instance_token(instance, dagst
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # an operator's leftover setting: the embedded Ray ignores it
     observed.clear()
+    observed["earlier"] = {p.pid for p in psutil.Process().children(recursive=True)}
     result = materialize(
         [network_probe], instance=instance, resources={"ray_cluster": build_resources()["ray_cluster"]}
     )

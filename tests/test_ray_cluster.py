@@ -18,7 +18,8 @@ from dagster import materialize
 
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
-from resources.settings import ensure_ray_auth_token, ray_init_options, ray_token_auth
+from resources.ray_service import ray_init_options
+from resources.settings import ensure_ray_auth_token, ray_token_auth
 from resources.vlm import VlmSettings
 from tests.fixtures.processes import free_port
 from tests.fixtures.samples import copy_samples
@@ -167,7 +168,8 @@ def test_captions_run_on_both_nodes_with_shipped_code(
 
 DRIVER = """
 import json, ray
-from resources.settings import ensure_ray_auth_token, ray_init_options, ray_token_auth
+from resources.ray_service import ray_init_options
+from resources.settings import ensure_ray_auth_token, ray_token_auth
 
 ray.init(**ray_init_options())
 

@@ -16,21 +16,22 @@ from dagster_ray.configs import Lifecycle
 from resources import ray_service
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
-from resources.settings import embedded_ray_auth, local_ray_address, ray_init_options, ray_outlives_steps
+from resources.ray_service import local_ray_address, ray_init_options, ray_outlives_steps
+from resources.settings import embedded_ray_auth
 from resources.structurer import StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
-from tests.conftest import copy_samples
+from tests.fixtures.samples import copy_samples
 from video_assets.core.captioning.job import WARM_NAMESPACE
 from video_assets.core.inference.service_runner import FACTORY
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.engines import TransformersStructurer
 from video_assets.defs.captioning.assets import captions
+from video_assets.defs.engines import structure_rows
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.models.assets import caption_prompt, vlm_model
 from video_assets.defs.partitions import video_batches
 from video_assets.defs.structuring.assets import structured_events
-from video_assets.defs.structuring.runner import structure_rows
 
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
 

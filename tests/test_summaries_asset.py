@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
-from dagster import materialize
+from dagster import AssetMaterialization, materialize
 
 from resources.archive import SPEECH, ArchiveSettings
 from resources.llm import LlmSettings
@@ -41,7 +41,9 @@ def _captions(changed: str = "") -> list[dict]:
     for vid, name in VIDEOS.items():
         for seg in range(3):
             rows.append(_caption(vid, seg, f"In {name}, scene {seg}: a person stands near the shelf.{changed}"))
-    rows.append({**_caption("a" * 64, 0, "an older caption"), "prompt_version": 7})  # not the production prompt
+    rows.append(
+        {**_caption("a" * 64, 0, "an older caption"), "prompt_version": 7}
+    )  # not the pair the captions step recorded
     return rows
 
 
@@ -86,6 +88,10 @@ def setup(instance, resources, tmp_path):
     tables.merge(TRANSCRIPTS, to_arrow(TRANSCRIPTS, _transcripts()), ["video_id", "segment", "model_version"])
     tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, _events()), ["video_id", "segment", "use_case"])
     instance.add_dynamic_partitions(video_batches.name, [BATCH])
+    # What the upstream steps record when they write those rows: the versions summaries follow (lineage).
+    pair = {"model_version": "1", "prompt_version": 1}
+    for asset, meta in (("captions", pair), ("transcripts", {"model_version": "1"}), ("structured_events", pair)):
+        instance.report_runless_asset_event(AssetMaterialization(asset, partition=BATCH, metadata=meta))
     return {**resources, "mlflow_registry": registry, "vlm": vlm, "archive": archive, "llm": LlmSettings()}
 
 
@@ -120,7 +126,7 @@ def test_video_summaries_extractive_idempotent_then_by_an_llm(instance, setup, t
         "[00:12] said: “Can I help you?”",
         "[00:20] In shop.mp4, scene 2: a person stands near the shelf.",
         "[00:21] event (object_handling suspected 0.80): man pocket phone",
-    ]  # production captions, the aliased speech model's words, the parsed event; in time order
+    ]  # the recorded pair's captions, the recorded speech model's words, the parsed event; in time order
     assert (shop["start_s"], shop["end_s"], shop["chunks"]) == (0.0, 30.0, 1)
     assert "event" not in out.filter(pl.col("uri") == "/vol/street.mp4")["summary"][0]  # unparsed: no event line
     assert first["videos_summarized"].value == 3 and first["summarizer"].value == "extractive"

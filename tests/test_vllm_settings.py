@@ -9,7 +9,7 @@ from resources.vlm import VlmSettings
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import processor_config
 from video_assets.core.media.sampling import SamplingConfig
-from video_assets.defs.captioning.runner import job_spec
+from video_assets.defs.engines import job_spec
 
 
 def test_structured_outputs_allow_no_free_whitespace():
@@ -104,7 +104,7 @@ def test_more_frames_than_the_video_loader_keeps_is_refused():
 def test_structuring_starts_ray_only_when_vllm_may_run(tiny_model, monkeypatch):
     """The Ray resource is connected for vLLM (asked for, or auto with vLLM installed), never for the
     transformers engine: the CPU default's structuring step does not start Ray."""
-    import video_assets.defs.structuring.runner as runner
+    import video_assets.defs.engines as runner
     from video_assets.core.structuring.engines import TransformersStructurer, VllmStructurer
 
     calls = []

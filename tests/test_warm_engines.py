@@ -14,7 +14,7 @@ from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import WARM_NAMESPACE, caption_rows, ensure_warm_engines, warm_engine_names
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
-from video_assets.defs.captioning.runner import job_spec
+from video_assets.defs.engines import job_spec
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import fcntl
 import shutil
 import sys
 import time
@@ -24,8 +23,9 @@ def init_instance(home: Path | None = None) -> Path:
     first and find the storages made. Copies the checked-in dagster.yaml into a new home. Returns the home."""
     home = Path(home or dagster_home())
     home.mkdir(parents=True, exist_ok=True)
-    with open(home / INIT_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+    from filelock import FileLock
+
+    with FileLock(home / INIT_LOCK):  # an OS lock: released when this process dies too
         config = home / "dagster.yaml"
         if not config.exists() and INSTANCE_TEMPLATE.exists() and INSTANCE_TEMPLATE != config:
             shutil.copy(INSTANCE_TEMPLATE, config)
@@ -94,7 +94,7 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 def register_model(instance: DagsterInstance) -> bool:
     """The unpartitioned model assets (vlm_model, caption_prompt): idempotent, so run every time."""
     from video_assets.definitions import defs
-    from video_assets.defs.models.assets import TINY_WARNING
+    from video_assets.defs.registry import TINY_WARNING
 
     result = defs.resolve_job_def("register_model").execute_in_process(
         instance=instance, raise_on_error=False, run_config=QUIET

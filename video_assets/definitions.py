@@ -11,6 +11,7 @@ from resources.delta import DeltaTables
 from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
+from resources.ray_service import local_ray_address, ray_init_options
 from resources.search import SearchIndex
 from resources.settings import (
     default_curation_dir,
@@ -21,8 +22,6 @@ from resources.settings import (
     default_tables_uri,
     default_volume_uri,
     env_or,
-    local_ray_address,
-    ray_init_options,
 )
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings

@@ -45,7 +45,7 @@ def _workspace(work: Path, batch_size: int, warm: bool) -> dict:
     from resources.delta import DeltaTables
     from resources.mlflow_registry import MlflowRegistry
     from resources.ray_cluster import EmbeddedRay
-    from resources.settings import local_ray_address, ray_init_options
+    from resources.ray_service import local_ray_address, ray_init_options
     from resources.vlm import VlmSettings
     from resources.volume import VideoVolume
 

@@ -1,38 +1,44 @@
-"""Small PNGs for materialisation metadata and MLflow artifacts (Pillow only)."""
+"""Small images for materialisation metadata and MLflow artifacts: charts drawn with matplotlib (Agg,
+no display), frame strips with Pillow."""
 
 from __future__ import annotations
 
 import base64
 import io
 
+import numpy as np
 from PIL import Image, ImageDraw
 
-CELL = 56
+
+def figure():
+    """A matplotlib figure on the Agg canvas (no pyplot: no global state, no display needed)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(4.8, 3.6), dpi=100, layout="constrained")
+
+
+def png_bytes(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 def confusion_png(rows: list[str], columns: list[str], matrix: list[list[int]], title: str = "") -> bytes:
     """A heat-mapped confusion matrix: rows expected, columns predicted, counts in the cells."""
-    left, top = 90, 46 + (16 if title else 0)
-    img = Image.new("RGB", (left + CELL * len(columns) + 10, top + CELL * len(rows) + 24), "white")
-    d = ImageDraw.Draw(img)
+    counts = np.asarray(matrix, dtype=np.int64).reshape(len(rows), len(columns))
+    fig = figure()
+    ax = fig.add_subplot()
+    ax.imshow(counts, cmap="Blues", vmin=0, vmax=max(int(counts.max(initial=0)), 1))
+    ax.set_xticks(range(len(columns)), labels=columns, rotation=30, ha="right")
+    ax.set_yticks(range(len(rows)), labels=rows)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("expected")
     if title:
-        d.text((6, 4), title, fill="black")
-    d.text((left, top - 40), "predicted ->", fill="gray")
-    d.text((4, top - 14), "expected", fill="gray")
-    peak = max([max(r) for r in matrix] + [1])
-    for j, c in enumerate(columns):
-        d.text((left + j * CELL + 4, top - 22), c[:9], fill="black")
-    for i, r in enumerate(rows):
-        d.text((4, top + i * CELL + CELL // 2 - 6), r, fill="black")
-        for j, v in enumerate(matrix[i]):
-            shade = 255 - int(200 * v / peak)
-            x, y = left + j * CELL, top + i * CELL
-            fill = (shade, shade, 255) if i == j else (255, shade, shade)
-            d.rectangle([x, y, x + CELL - 2, y + CELL - 2], fill=fill, outline="gray")
-            d.text((x + CELL // 2 - 6, y + CELL // 2 - 6), str(v), fill="black")
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+        ax.set_title(title)
+    half = counts.max(initial=0) / 2
+    for (i, j), v in np.ndenumerate(counts):
+        ax.text(j, i, str(v), ha="center", va="center", color="white" if v > half else "black")
+    return png_bytes(fig)
 
 
 def markdown_image(data: bytes, alt: str) -> str:

@@ -32,6 +32,12 @@ FRAME_EMBEDDINGS = "frame_embeddings"
 TEXT_EMBEDDINGS = "text_embeddings"
 VIDEO_SUMMARIES = "video_summaries"
 CURATED_FRAMES = "frames"
+# What the promotion job makes to judge a challenger against production on a golden set: tables of their
+# own (the captions, structured_events and eval_scores schemas), so the pipeline's tables hold only what
+# their own assets wrote.
+CANDIDATE_CAPTIONS = "candidate_captions"
+CANDIDATE_EVENTS = "candidate_events"
+CANDIDATE_SCORES = "candidate_scores"
 
 # The scores every evaluation reports as columns (all of them are in the metrics JSON too).
 HEADLINE_METRICS = {
@@ -397,6 +403,10 @@ SCHEMAS[CURATED_FRAMES] = pa.schema(
     ]
 )
 
+SCHEMAS[CANDIDATE_CAPTIONS] = SCHEMAS[CAPTIONS]
+SCHEMAS[CANDIDATE_EVENTS] = SCHEMAS[STRUCTURED_EVENTS]
+SCHEMAS[CANDIDATE_SCORES] = SCHEMAS[EVAL_SCORES]
+
 _STRUCT_KEY_NAMES = [f.name for f in _STRUCT_KEY]
 
 # Tables whose rows belong to the upload batch of their video, and every video to one batch (raw_videos
@@ -406,6 +416,8 @@ BATCH_SCOPED = frozenset(
         VIDEO_METADATA,
         CAPTIONS,
         STRUCTURED_EVENTS,
+        CANDIDATE_CAPTIONS,
+        CANDIDATE_EVENTS,
         TRANSCRIPTS,
         FRAME_EMBEDDINGS,
         TEXT_EMBEDDINGS,
@@ -425,6 +437,9 @@ KEYS: dict[str, list[str]] = {
     REVIEW_QUEUE: _STRUCT_KEY_NAMES,
     EVAL_SCORES: ["eval_id"],
     PROMOTIONS: ["decision_id"],
+    CANDIDATE_CAPTIONS: ["video_id", "segment", "model_version", "prompt_version"],
+    CANDIDATE_EVENTS: _STRUCT_KEY_NAMES,
+    CANDIDATE_SCORES: ["eval_id"],
     TRANSCRIPTS: ["video_id", "segment", "model_version"],
     FRAME_EMBEDDINGS: ["video_id", "segment", "frame", "encoder_version"],
     TEXT_EMBEDDINGS: ["video_id", "source", "segment", "source_version", "encoder_version"],

@@ -13,7 +13,7 @@ Pure: no Dagster, no Ray.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,6 @@ class Prediction:
     bound_by: str  # "decode" | "engine"
     cpu_to_accelerator: float  # decode CPU seconds per engine second
     best_cpu_workers: int  # decode workers that keep `engines` busy (more only wait)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def decode_workers(cpu_concurrency: int, cluster_cpus: float, engines: int, cpus_per_engine: float = 1.0) -> int:

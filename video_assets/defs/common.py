@@ -4,7 +4,9 @@ from its declared key (``core.tables.KEYS``) and non-null columns."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import inspect
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -45,47 +47,68 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # Failure(allow_retries=False).
 TRANSIENT_RETRY = RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 
-# The source each stage's assets run, relative to video_assets/: a change to any of these files is a
-# new code version, so Dagster's staleness view flags the stage's materialisations as out of date.
-STAGE_SOURCES: dict[str, tuple[str, ...]] = {
-    "ingest": ("defs/ingest", "core/uploads", "core/media/probe.py", "core/media/streams.py"),
-    "models": ("defs/models", "core/models", "prompts"),
-    "captioning": ("defs/captioning", "core/captioning", "core/inference", "core/media"),
-    "structuring": ("defs/structuring", "core/structuring", "core/inference"),
-    "routing": ("defs/routing", "core/routing.py"),
-    "evaluation": ("defs/evaluation", "core/evaluation", "core/charts.py"),
-    "promotion": ("defs/promotion", "core/evaluation/gate.py"),
-    "transcripts": ("defs/transcripts", "core/transcription", "core/inference/stages.py"),
-    "embeddings": ("defs/embeddings", "core/embeddings", "core/inference/stages.py", "core/media/sampling.py"),
-    "summaries": ("defs/summaries", "core/qa/summaries.py", "core/qa/llm.py"),
-    "search": ("defs/search", "core/search"),
-    "curation": (
-        "defs/curation",
-        "core/curation",
-        "core/inference/stages.py",
-        "core/media/sampling.py",
-        "core/captioning/job.py",
-    ),
-}
+# Data files a stage reads as code (a new prompt text is a new caption prompt), beside its import closure.
+STAGE_DATA: dict[str, tuple[str, ...]] = {"models": ("prompts",)}
 
 
-def source_digest(paths: tuple[str, ...], root: Path = PACKAGE) -> str:
-    """Hash of the ``.py``/``.txt`` files under ``paths`` (files or folders below ``root``), plus the
-    table schemas and vocabulary every stage depends on."""
+def _module_file(module: str, root: Path) -> Path | None:
+    """The file of a ``video_assets`` module below ``root`` (the package folder), or None."""
+    parts = module.split(".")
+    if parts[0] != "video_assets":
+        return None
+    base = root.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path, root: Path) -> set[Path]:
+    """Project files ``path`` imports, at module level or inside functions (``from x import y`` may
+    name a module y of package x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        found |= {f for name in names if (f := _module_file(name, root)) is not None}
+    return found
+
+
+def import_closure(stage: str, root: Path = PACKAGE) -> list[Path]:
+    """Every ``video_assets`` source file the stage's Dagster objects run: its defs folder and what it
+    imports, transitively. (Resources are left out: they say where data lives, not what is computed.)"""
+    todo = sorted((root / "defs" / stage).glob("*.py"))
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        todo.extend(_imports(path, root) - seen)
+    return sorted(seen)
+
+
+def stage_files(stage: str, root: Path = PACKAGE) -> list[Path]:
+    """What a stage's code version covers: its import closure and its data files."""
+    data = [f for rel in STAGE_DATA.get(stage, ()) for f in (root / rel).rglob("*") if f.is_file()]
+    return sorted({*import_closure(stage, root), *data})
+
+
+def source_digest(stage: str, root: Path = PACKAGE) -> str:
+    """Hash of the files a stage runs (``stage_files``): any change to them is a new code version, so
+    Dagster's staleness view flags the stage's materialisations as out of date."""
     h = hashlib.sha256()
-    for rel in (*paths, "core/tables.py", "core/vocabulary.py"):
-        target = root / rel
-        files = (
-            sorted(p for p in target.rglob("*") if p.is_file() and p.suffix in {".py", ".txt"})
-            if target.is_dir()
-            else [target]
-        )
-        for f in files:
-            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    for f in stage_files(stage, root):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:12]
 
 
-CODE_VERSIONS = {stage: source_digest(paths) for stage, paths in STAGE_SOURCES.items()}
+STAGES = sorted(p.name for p in (PACKAGE / "defs").iterdir() if (p / "__init__.py").is_file())
+CODE_VERSIONS = {stage: source_digest(stage) for stage in STAGES}
 
 
 def column_schema(name: str) -> TableSchema:
@@ -136,6 +159,60 @@ def per_batch(context, body: Callable[[str], MaterializeResult | Iterable[Materi
     if len(batches) == 1:
         return results[0]
     return [merge_batches(batches, [r[i] for r in results]) for i in range(len(results[0]))]
+
+
+def batch_asset(stage: str, table: str | None = None, *, kinds: tuple[str, ...] = (), specs=None, **asset_kwargs):
+    """The one definition of a per-batch asset (``specs``: a multi-asset of several tables).
+
+    Decorates ``body(context, batch, <config>, <resources>...)``, the work of one upload batch. The
+    asset it returns owns what every per-batch asset shares: the ``video_batches`` partitions, the
+    single-run backfill policy (a backfill's range is one step: Ray, models and clients start once),
+    the stage's group, owners, code version and table schema, the loop over the run's batches in
+    partition order and the merge of their metadata (``per_batch``). Dagster reads the config and
+    resources from ``body``'s own signature, less ``batch``. A body that takes ``batches`` instead
+    gets the run's whole range at once (captions: one Ray job for a backfill's range)."""
+    from dagster import asset, multi_asset
+
+    from video_assets.defs.partitions import video_batches
+
+    def decorate(body: Callable):
+        signature = inspect.signature(body)
+        params = [p for name, p in signature.parameters.items() if name not in ("batch", "batches")]
+
+        if "batches" in signature.parameters:
+
+            def step(context, **resources):
+                return body(context, list(context.partition_keys), **resources)
+
+        elif specs is None:
+
+            def step(context, **resources):
+                [result] = per_batch(context, lambda batch: body(context, batch, **resources))
+                return result
+
+        else:
+
+            def step(context, **resources):
+                yield from per_batch(context, lambda batch: body(context, batch, **resources))
+
+        step.__name__, step.__qualname__, step.__doc__ = body.__name__, body.__qualname__, body.__doc__
+        step.__module__ = body.__module__
+        step.__signature__ = signature.replace(parameters=params)
+        step.__annotations__ = {k: v for k, v in body.__annotations__.items() if k not in ("batch", "batches")}
+        if specs is None:
+            return asset(
+                partitions_def=video_batches,
+                backfill_policy=SINGLE_RUN,
+                **stage_asset(stage, table, kinds=kinds, **asset_kwargs),
+            )(step)
+        return multi_asset(
+            specs=[s.replace_attributes(partitions_def=video_batches) for s in specs],
+            backfill_policy=SINGLE_RUN,
+            name=body.__name__,
+            **asset_kwargs,
+        )(step)
+
+    return decorate
 
 
 def merge_batches(batches: list[str], results: list[MaterializeResult]) -> MaterializeResult:

@@ -238,13 +238,9 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
         return StreamingResponse(body(), status_code=status, media_type=media, headers=headers)
 
     app.include_router(api)
-    try:  # the question-answering endpoint, when that module is present
-        from video_assets.service.ask import router as ask_router
-    except ModuleNotFoundError as exc:
-        if exc.name != "video_assets.service.ask":
-            raise
-    else:
-        app.include_router(ask_router)
+    from video_assets.service.ask import router as ask_router  # imports the agent: only with the app
+
+    app.include_router(ask_router)
 
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from video_assets.core.captioning.rows import CARRIED_COLUMNS, decode_error
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.service_runner import NAMESPACE, IdleExpiry, code_version
 from video_assets.core.media.sampling import SamplingConfig, sample_video
@@ -63,8 +64,6 @@ class JobSpec:
     # > 0: engines are detached actors that outlive the job and expire after this many idle seconds
     # (a Ray cluster that outlives the step); 0: a pool of actors per job.
     warm_idle_s: float = 0.0
-    # Tests only: a marker path; the first decode task kills its worker (see _kill_worker_once).
-    kill_decode_worker_once: str | None = None
 
 
 # Batches queued at each warm engine, so that the next is there when one finishes.
@@ -78,26 +77,6 @@ VLM_ACTOR_RESTARTS = 3  # a dead engine actor is restarted and its batch retried
 NO_FRAMES = np.zeros((0, 1, 1, 3), dtype=np.uint8)  # an error row's frames: same column type as real ones
 
 
-def _kill_worker_once(marker: str | None) -> None:
-    """Fault injection for tests (off unless a marker path is given): the first task to get here kills
-    its own worker process, as an OOM kill would; later tasks (Ray's retry) find the marker and go on."""
-    if not marker:
-        return
-    import os
-
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return
-    os.close(fd)
-    os._exit(1)
-
-
-def decode_error(value) -> str | None:
-    """The CPU stage's error of a row, whatever Ray's batch format made of the column."""
-    return value if isinstance(value, str) and value else None
-
-
 def _preview(frames, timestamps) -> bytes:
     """A small JPEG strip of a segment's frames, so the asset can show what the model saw without
     decoding the video again; never fails the row."""
@@ -109,7 +88,7 @@ def _preview(frames, timestamps) -> bytes:
         return b""
 
 
-def decode_and_sample(row: dict, sampling: SamplingConfig, kill_worker_once: str | None = None) -> list[dict]:
+def decode_and_sample(row: dict, sampling: SamplingConfig) -> list[dict]:
     """CPU stage: one video in, one row per segment out (frames included, and a preview strip on the
     first); a video that cannot be decoded is one row with ``decode_error`` set."""
     started = time.perf_counter()
@@ -131,7 +110,6 @@ def decode_and_sample(row: dict, sampling: SamplingConfig, kill_worker_once: str
                 "preview": b"",
             }
         ]
-    _kill_worker_once(kill_worker_once)
     decode_s = (time.perf_counter() - started) / max(1, len(sampled.segments))
     return [
         {
@@ -418,20 +396,6 @@ def _caption_on_warm_engines(ds, spec: JobSpec) -> Iterator[dict]:
         yield from finish(*pending.popleft())
 
 
-# Columns of a segment row that the VLM stage hands on as they came from the CPU stage.
-CARRIED_COLUMNS = (
-    "video_id",
-    "batch_key",
-    "uri",
-    "segment",
-    "segments",
-    "segment_start_s",
-    "segment_end_s",
-    "decode_s",
-    "decode_node",
-    "preview",
-)
-
 # decode_node and engine_node (the Ray nodes of the two stages) and preview (a JPEG strip of segment
 # 0's frames, b"" on the others) go to the metadata, not the table.
 RESULT_COLUMNS = [
@@ -480,7 +444,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     ds = ray.data.from_items(rows).repartition(len(rows))  # one video per block: decode spreads wide
     ds = ds.flat_map(
         decode_and_sample,
-        fn_kwargs={"sampling": spec.sampling, "kill_worker_once": spec.kill_decode_worker_once},
+        fn_kwargs={"sampling": spec.sampling},
         compute=ray.data.TaskPoolStrategy(size=decode_slots(spec)),
         num_cpus=1,
         max_retries=DECODE_TASK_RETRIES,

@@ -8,7 +8,7 @@ of the frames are stated in the text, so the model can answer with times in the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -31,13 +31,6 @@ class CaptionResponse:
     output_tokens: int
     latency_s: float
     error: str | None = None  # set (and text "") when this request failed; other requests in the batch still answer
-
-
-@runtime_checkable
-class CaptionEngine(Protocol):
-    name: str  # "transformers" | "vllm"
-
-    def generate(self, requests: list[CaptionRequest]) -> list[CaptionResponse]: ...
 
 
 def failed(request_id: str, error: str, latency_s: float = 0.0) -> CaptionResponse:

@@ -29,6 +29,7 @@ from video_assets.core.captioning.requests import (
     sampled_fps,
     validate_request,
 )
+from video_assets.core.captioning.rows import CARRIED_COLUMNS, decode_error
 from video_assets.core.inference.vllm import ERROR_KEY, VllmSettings, processor_config, read_output, sampling_params
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
@@ -138,7 +139,6 @@ def _job_result(row: dict[str, Any]) -> dict[str, Any]:
     """A segment row as the job's RESULT_COLUMNS, from a success row or a Ray error row."""
     if row.get("status") in (CAPTION_OK, CAPTION_ERROR):  # already shaped by the postprocess
         return row  # (rows that skipped it carry the column too, as null: Ray unifies the schema)
-    from video_assets.core.captioning.job import CARRIED_COLUMNS, decode_error  # job imports this lazily
 
     resp = from_vllm_row(row)
     error = resp.error or decode_error(row.get("decode_error"))
@@ -158,7 +158,6 @@ def _job_result(row: dict[str, Any]) -> dict[str, Any]:
 
 def build_vllm_processor_for_job(ds, spec):
     """Apply the vLLM processor to the job's segment rows (video_id, segment, frames, frame_timestamps, ...)."""
-    from video_assets.core.captioning.job import decode_error
 
     settings = VllmSettings(**spec.vllm)
 

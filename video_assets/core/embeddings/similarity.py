@@ -1,12 +1,9 @@
-"""Cosine similarity, top-k search and a 2-D PCA view of embeddings (numpy and Pillow only)."""
+"""Cosine similarity, top-k search and a 2-D PCA view of embeddings (numpy; scikit-learn's PCA and a
+matplotlib scatter for the view)."""
 
 from __future__ import annotations
 
-import colorsys
-import io
-
 import numpy as np
-from PIL import Image, ImageDraw
 
 
 def _unit_rows(x) -> np.ndarray:
@@ -38,10 +35,10 @@ def top_k(query, matrix, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def project_2d(vectors) -> np.ndarray:
-    """(n, 2) coordinates on the two main principal axes (PCA by SVD of the centred rows).
+    """(n, 2) coordinates on the two main principal axes (scikit-learn's PCA, exact SVD solver).
 
-    Each axis's sign is fixed so that its largest-magnitude loading is positive: the same vectors
-    always give the same picture, whatever the SVD routine returns.
+    Each axis's sign is fixed so that its largest-magnitude loading is positive (sklearn's ``svd_flip``
+    on the components): the same vectors always give the same picture, whatever the row order.
     """
     x = np.asarray(vectors, dtype=np.float64)
     if x.ndim != 2:
@@ -50,51 +47,37 @@ def project_2d(vectors) -> np.ndarray:
     out = np.zeros((n, 2), dtype=np.float32)
     if n < 2:
         return out
-    centred = x - x.mean(axis=0)
-    _, _, vt = np.linalg.svd(centred, full_matrices=False)
-    axes = vt[:2]
-    signs = np.sign(axes[np.arange(len(axes)), np.abs(axes).argmax(axis=1)])
-    axes = axes * np.where(signs == 0, 1.0, signs)[:, None]
-    out[:, : len(axes)] = centred @ axes.T
+    from sklearn.decomposition import PCA  # a second's import: only for the plot
+
+    pca = PCA(n_components=min(2, n, x.shape[1]), svd_solver="full")
+    out[:, : pca.n_components] = pca.fit_transform(x)
     return out
 
 
-def _palette(n: int) -> list[tuple[int, int, int]]:
-    """n well-spread, saturated colours (golden-ratio hue steps)."""
-    return [tuple(int(255 * c) for c in colorsys.hsv_to_rgb((i * 0.618034) % 1.0, 0.75, 0.85)) for i in range(n)]
-
-
 def scatter_png(points, labels: list[str], size: int = 360, title: str = "") -> bytes:
-    """A small scatter plot of 2-D ``points``, one colour per distinct label, with a legend, as PNG.
+    """A small scatter plot of 2-D ``points``, one colour per distinct label, with a legend, as PNG
+    (``size`` pixels high).
 
     For materialisation metadata (wrap with ``video_assets.core.charts.markdown_image``): a person sees
     at a glance whether the frames of one clip cluster.
     """
+    from video_assets.core.charts import figure, png_bytes
+
     pts = np.asarray(points, dtype=np.float64).reshape(-1, 2)
     if len(labels) != len(pts):
         raise ValueError(f"{len(pts)} points but {len(labels)} labels")
     names = list(dict.fromkeys(str(lb) for lb in labels))  # first-seen order
-    colours = dict(zip(names, _palette(len(names))))
-    legend_w = 12 + 7 * max([len(n[:24]) for n in names] + [0]) + 24
-    top = 20 if title else 6
-    pad = 10
-    img = Image.new("RGB", (size + legend_w, max(size, top + 14 * len(names) + pad)), "white")
-    d = ImageDraw.Draw(img)
+    fig = figure()
+    fig.set_size_inches(size / fig.dpi * 1.5, size / fig.dpi)
+    ax = fig.add_subplot()
+    label_of = np.array([str(lb) for lb in labels], dtype=object)
+    for name in names:
+        mine = pts[label_of == name]
+        ax.scatter(mine[:, 0], mine[:, 1], s=18, edgecolors="black", linewidths=0.5, label=name[:24])
+    ax.set_xticks([])
+    ax.set_yticks([])
     if title:
-        d.text((6, 4), title, fill="black")
-    d.rectangle([pad, top, size - pad, size - pad], outline="gray")
-    if len(pts):
-        lo, hi = pts.min(axis=0), pts.max(axis=0)
-        span = np.where(hi - lo > 1e-12, hi - lo, 1.0)
-        inner = np.array([size - 2 * pad - 12, size - top - pad - 12], dtype=np.float64)
-        xy = (pts - lo) / span * inner
-        for (x, y), label in zip(xy, labels):
-            cx, cy = pad + 6 + x, size - pad - 6 - y  # y up, as in a plot
-            d.ellipse([cx - 3, cy - 3, cx + 3, cy + 3], fill=colours[str(label)], outline="black")
-    for i, name in enumerate(names):
-        y = top + 14 * i
-        d.rectangle([size + 2, y + 2, size + 10, y + 10], fill=colours[name], outline="black")
-        d.text((size + 14, y), name[:24], fill="black")
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+        ax.set_title(title)
+    if names:
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", frameon=False)
+    return png_bytes(fig)

@@ -4,7 +4,6 @@ A file lock makes two actors on one node wait for one download instead of both w
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import shutil
 from dataclasses import dataclass, field
@@ -37,8 +36,9 @@ def _download_once(artifact_uri: str, target: Path, tracking_uri: str | None) ->
     downloaded = False
     if (target / COMPLETE).exists():
         return model_dir(target), downloaded
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+    from filelock import FileLock
+
+    with FileLock(target.parent / f".{target.name}.lock"):  # an OS lock: released if this process dies
         if not (target / COMPLETE).exists():
             import mlflow.artifacts
 

@@ -5,7 +5,6 @@ said to be so) when no LLM is configured or it fails."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -437,8 +436,3 @@ def _event_text(h: Hit) -> str:
     extra = h.extra or {}
     bits = [str(extra[k]) for k in ("use_case", "verdict", "confidence") if extra.get(k) is not None]
     return f"{' '.join(bits) or h.source} at {clock(h.start_s)}"
-
-
-def plan_summary(run: list[dict]) -> str:
-    """The steps run, on one line (for logs)."""
-    return "; ".join(f"{s['tool']}({json.dumps(s['args'], sort_keys=True)}) → {s['hits']}" for s in run)

@@ -1,7 +1,7 @@
 """Captioning stage asset: one Ray Data job per batch, model and prompt resolved through MLflow aliases."""
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -13,11 +13,9 @@ from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR
-from video_assets.defs.captioning.runner import engine_name, job_spec, registered_model_files, run_captioning
-from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, CostBreakdown, stage_asset, table_metadata
-from video_assets.defs.ingest.assets import video_metadata
-from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, TINY_WARNING, caption_prompt, vlm_model
-from video_assets.defs.partitions import video_batches
+from video_assets.defs.common import ACCELERATOR_POOL, CostBreakdown, batch_asset, table_metadata
+from video_assets.defs.engines import engine_name, job_spec, resolve_caption_model, run_captioning
+from video_assets.defs.registry import TINY_WARNING
 
 
 class CaptionsConfig(Config):
@@ -61,17 +59,18 @@ def _skipped_rows(meta: pl.DataFrame) -> list[dict]:
     ]
 
 
-@asset(
-    partitions_def=video_batches,
-    # A backfill's range of batches is one step and one Ray job: Ray, the engine actors and the model
-    # start once, not once a batch (docs/benchmarks.md). A sensor's run is one batch.
-    backfill_policy=SINGLE_RUN,
-    deps=[video_metadata, vlm_model, caption_prompt],
+# A backfill's range of batches is one step and one Ray job: Ray, the engine actors and the model start
+# once, not once a batch (docs/benchmarks.md). A sensor's run is one batch.
+@batch_asset(
+    "captioning",
+    CAPTIONS,
+    kinds=("ray", "mlflow"),
+    deps=["video_metadata", "vlm_model", "caption_prompt"],
     pool=ACCELERATOR_POOL,
-    **stage_asset("captioning", CAPTIONS, kinds=("ray", "mlflow")),
 )
 def captions(
     context: AssetExecutionContext,
+    batches: list[str],
     config: CaptionsConfig,
     vlm: VlmSettings,
     mlflow_registry: MlflowRegistry,
@@ -81,8 +80,8 @@ def captions(
     """Timestamped prose per video (or per clip) from the VLM behind the MLflow alias, computed by one
     Ray Data streaming job: a wide CPU stage decodes and samples frames, a narrow VLM stage captions.
     Rows are merged on (video_id, segment, model_version, prompt_version), so reruns are idempotent.
-    A backfill's range of batches is captioned by one job (``BackfillPolicy.single_run``)."""
-    batches = list(context.partition_keys)
+    The model and prompt versions are resolved here, once, and recorded: every later stage of the
+    batch works on these captions (``lineage.upstream_pair``). A backfill's range is one job."""
     batch = batches[0] if len(batches) == 1 else f"{batches[0]}...{batches[-1]} ({len(batches)} batches)"
     cost = CostBreakdown(context)
     with cost.part("delta"):
@@ -91,15 +90,9 @@ def captions(
     missing = [b for b in batches if b not in probed]
     if missing:
         raise Failure(f"video_metadata has no rows for batch {', '.join(map(repr, missing))}: materialise it first")
-    try:
-        with cost.part("resolve_model"):
-            model, model_version = registered_model_files(mlflow_registry, vlm, vlm.alias)
-            prompt = mlflow_registry.load_prompt(CAPTION_PROMPT_NAME, vlm.alias)
-    except Exception as exc:
-        raise Failure(
-            f"cannot resolve models:/{vlm.registered_model}@{vlm.alias} or prompts:/{CAPTION_PROMPT_NAME}@{vlm.alias} "
-            f"in {mlflow_registry.tracking_uri}: {exc}. Materialise vlm_model and caption_prompt first."
-        ) from exc
+    with cost.part("resolve_model"):
+        model, pair, prompt = resolve_caption_model(mlflow_registry, vlm)
+    model_version = pair.model_version
     engine = engine_name(vlm)
     context.log.info(
         f"models:/{vlm.registered_model}@{vlm.alias} -> v{model_version}, prompt v{prompt.version}, engine {engine}"
@@ -144,8 +137,7 @@ def captions(
                 tables.table_uri(CAPTIONS), out, table_rows, ["uri", "segment", "status", "prose", "error"]
             ),
             "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{vlm.alias}"),
-            "model_version": MetadataValue.text(model_version),
-            "prompt_version": MetadataValue.int(prompt.version),
+            **pair.metadata(),
             "engine": MetadataValue.text(engine),
             "batches": MetadataValue.int(len(batches)),
             "videos_captioned": MetadataValue.int(todo.height),

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DataVersion, MaterializeResult, MetadataValue
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -31,10 +31,9 @@ from video_assets.core.structuring.usecase import load as load_use_case
 from video_assets.core.tables import CURATED_FRAMES, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CURATION_ERROR
-from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.runner import actor_gpus, production_captions, registered_model_files
-from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, per_batch, stage_asset, table_metadata
-from video_assets.defs.partitions import video_batches
+from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
+from video_assets.defs.engines import actor_gpus, model_files_of
+from video_assets.defs.lineage import lineage_captions
 
 SHEET_VIDEOS = 4  # videos whose frames the contact sheet shows
 WRITE_EVERY = 256  # rows per Delta write (whole videos)
@@ -60,15 +59,10 @@ class FramesConfig(Config):
         return CurationConfig.from_dict(values), prompt
 
 
-@asset(
-    partitions_def=video_batches,
-    backfill_policy=SINGLE_RUN,
-    deps=[captions],
-    pool=ACCELERATOR_POOL,
-    **stage_asset("curation", CURATED_FRAMES, kinds=("ray",)),
-)
+@batch_asset("curation", CURATED_FRAMES, kinds=("ray",), deps=["captions"], pool=ACCELERATOR_POOL)
 def frames(
     context: AssetExecutionContext,
+    batch: str,
     config: FramesConfig,
     vlm: VlmSettings,
     mlflow_registry: MlflowRegistry,
@@ -76,32 +70,16 @@ def frames(
     curation: CurationStore,
     ray_cluster: RayResource,
 ) -> MaterializeResult:
-    """Every frame the production captions saw (decoded again at the same times), scored (sharpness,
+    """Every frame the batch's captions saw (decoded again at the same times), scored (sharpness,
     brightness, contrast, motion, black borders, perceptual hash) and kept or dropped with the reason
     (dark, washed_out, flat, blurry, static, duplicate); kept frames cropped to their picture as JPEG,
-    and described by the VLM when `describe` is on."""
-    [result] = per_batch(
-        context,
-        lambda batch: _frames_batch(batch, context, config, vlm, mlflow_registry, tables, curation, ray_cluster),
-    )
-    return result
-
-
-def _frames_batch(
-    batch: str,
-    context: AssetExecutionContext,
-    config: FramesConfig,
-    vlm: VlmSettings,
-    mlflow_registry: MlflowRegistry,
-    tables: DeltaTables,
-    curation: CurationStore,
-    ray_cluster: RayResource,
-) -> MaterializeResult:
+    and described by the VLM when `describe` is on. The captions, and the model version that describes,
+    are those the captions step last wrote for the batch (lineage)."""
     cfg, prompt = config.curation()
-    caps, _, _ = production_captions(tables, batch, vlm, mlflow_registry)
+    caps, pair = lineage_captions(context, tables, batch)
     engine, extra = None, {"image_store": config.image_store}
     if config.describe:
-        model, model_version = registered_model_files(mlflow_registry, vlm, vlm.alias)
+        model, model_version = model_files_of(mlflow_registry, vlm, pair.model_version), pair.model_version
         engine = EngineSpec("transformers", model, vlm.device, vlm.vlm_batch_size, vlm.max_new_tokens)
         extra |= {"describe_prompt": prompt, "describer": f"{vlm.registered_model}/{model_version}"}
     version = cfg.version(**extra)
@@ -159,6 +137,7 @@ def _frames_batch(
             ),
             **_sheet(sheet),
             "curation_version": MetadataValue.text(version),
+            **pair.metadata(),
             "curation_config": MetadataValue.json({**asdict(cfg), **extra}),
             "rows_by_reason": MetadataValue.json(reasons),
             "frames_kept": MetadataValue.int(int(out.get_column("kept").sum()) if out.height else 0),

@@ -10,33 +10,23 @@ import time
 from datetime import UTC, datetime
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DataVersion, MaterializeResult, MetadataValue
 from dagster_ray import RayResource
 from pydantic import Field
 
 from resources.archive import FRAMES, TEXT, ArchiveSettings
-from resources.archive import SPEECH as SPEECH_MODEL
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
-from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_frames, caption_source_version
 from video_assets.core.embeddings.job import frame_embedding_rows, text_embedding_rows
 from video_assets.core.inference.stages import one_per
 from video_assets.core.tables import FRAME_EMBEDDINGS, KEYS, SCHEMAS, TEXT_EMBEDDINGS, TRANSCRIPTS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_OK, EMBED_ERROR, SOURCE_CAPTION, SOURCE_TRANSCRIPT, TRANSCRIPT_SPEECH
-from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.runner import batch_captions, cluster_gpus, production_captions
-from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, per_batch, stage_asset, table_metadata
-from video_assets.defs.models.assets import (
-    archive_model_files,
-    archive_version,
-    frame_encoder,
-    production_versions,
-    text_encoder,
-)
-from video_assets.defs.partitions import video_batches
-from video_assets.defs.transcripts.assets import transcripts
+from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
+from video_assets.defs.engines import cluster_gpus
+from video_assets.defs.lineage import CaptionPair, lineage_captions, upstream_value
+from video_assets.defs.registry import archive_model_files
 
 PLOT_VIDEOS = 6  # videos whose frames the materialisation plots in 2-D
 FRAME_KEY = ("segment", "frame")  # a video's rows, one per frame
@@ -53,47 +43,29 @@ def _stamp(rows: list[dict], table: str, **extra) -> list[dict]:
     return [{**{c: r.get(c) for c in cols}, **extra, "embedded_at": now} for r in rows]
 
 
-@asset(
-    partitions_def=video_batches,
-    backfill_policy=SINGLE_RUN,
-    deps=[captions, frame_encoder],
+@batch_asset(
+    "embeddings",
+    FRAME_EMBEDDINGS,
+    kinds=("ray", "mlflow"),
+    deps=["captions", "frame_encoder"],
     pool=ACCELERATOR_POOL,
-    **stage_asset("embeddings", FRAME_EMBEDDINGS, kinds=("ray", "mlflow")),
 )
 def frame_embeddings(
     context: AssetExecutionContext,
+    batch: str,
     config: EmbedConfig,
     archive: ArchiveSettings,
-    vlm: VlmSettings,
     mlflow_registry: MlflowRegistry,
     tables: DeltaTables,
     ray_cluster: RayResource,
 ) -> MaterializeResult:
     """A vector per frame the captions saw (same timestamps), from the frame encoder behind the alias
     (EfficientNet-Lite0 by default: frame-to-frame similarity; a CLIP-style model: text queries too),
-    with on-screen text when `frame_ocr` is on. A video whose frames cannot be decoded gets an error row."""
-    [result] = per_batch(
-        context,
-        lambda batch: _frame_embeddings_batch(
-            batch, context, config, archive, vlm, mlflow_registry, tables, ray_cluster
-        ),
-    )
-    return result
-
-
-def _frame_embeddings_batch(
-    batch: str,
-    context: AssetExecutionContext,
-    config: EmbedConfig,
-    archive: ArchiveSettings,
-    vlm: VlmSettings,
-    mlflow_registry: MlflowRegistry,
-    tables: DeltaTables,
-    ray_cluster: RayResource,
-) -> MaterializeResult:
+    with on-screen text when `frame_ocr` is on. A video whose frames cannot be decoded gets an error row.
+    The captions are those the captions step last wrote for the batch (lineage)."""
     model, version = archive_model_files(mlflow_registry, archive, FRAMES)
     encoder = archive.registered_model(FRAMES)
-    caps, _, _ = production_captions(tables, batch, vlm, mlflow_registry)
+    caps, pair = lineage_captions(context, tables, batch)
     existing = tables.batch(FRAME_EMBEDDINGS, batch, SCHEMAS[FRAME_EMBEDDINGS])
     done = set(existing.filter(pl.col("encoder_version") == version).get_column("video_id").to_list())
     todo, failed = [], []
@@ -150,6 +122,7 @@ def _frame_embeddings_batch(
             **_plot(out),
             "encoder_uri": MetadataValue.text(f"models:/{encoder}@{archive.alias}"),
             "encoder_version": MetadataValue.text(version),
+            **pair.metadata(),
             "videos_embedded": MetadataValue.int(len(todo)),
             "videos_cached": MetadataValue.int(len(done)),
             "frames_embedded": MetadataValue.int(frames),
@@ -197,46 +170,29 @@ def _plot(out: pl.DataFrame) -> dict:
     return {"frame_map": MetadataValue.md(markdown_image(scatter_png(points, labels), "frames in 2-D (PCA)"))}
 
 
-@asset(
-    partitions_def=video_batches,
-    backfill_policy=SINGLE_RUN,
-    deps=[transcripts, captions, text_encoder],
+@batch_asset(
+    "embeddings",
+    TEXT_EMBEDDINGS,
+    kinds=("ray", "mlflow"),
+    deps=["transcripts", "captions", "text_encoder"],
     pool=ACCELERATOR_POOL,
-    **stage_asset("embeddings", TEXT_EMBEDDINGS, kinds=("ray", "mlflow")),
 )
 def text_embeddings(
     context: AssetExecutionContext,
-    config: EmbedConfig,
-    archive: ArchiveSettings,
-    vlm: VlmSettings,
-    mlflow_registry: MlflowRegistry,
-    tables: DeltaTables,
-    ray_cluster: RayResource,
-) -> MaterializeResult:
-    """A vector per transcript segment (speech model behind the alias) and per caption (captioning model
-    and prompt behind production), keyed back to its source row and time range."""
-    [result] = per_batch(
-        context,
-        lambda batch: _text_embeddings_batch(
-            batch, context, config, archive, vlm, mlflow_registry, tables, ray_cluster
-        ),
-    )
-    return result
-
-
-def _text_embeddings_batch(
     batch: str,
-    context: AssetExecutionContext,
     config: EmbedConfig,
     archive: ArchiveSettings,
-    vlm: VlmSettings,
     mlflow_registry: MlflowRegistry,
     tables: DeltaTables,
     ray_cluster: RayResource,
 ) -> MaterializeResult:
+    """A vector per transcript segment and per caption, keyed back to its source row and time range:
+    the transcripts and captions the batch's upstream steps last wrote (their versions through lineage)."""
     model, version = archive_model_files(mlflow_registry, archive, TEXT)
     encoder = archive.registered_model(TEXT)
-    sources = _text_sources(tables, batch, archive, vlm, mlflow_registry)
+    speech_version = upstream_value(context, TRANSCRIPTS, batch, "model_version")
+    caps, pair = lineage_captions(context, tables, batch)
+    sources = _text_sources(tables, batch, speech_version, caps, pair)
     key = ["video_id", "source", "segment", "source_version"]
     existing = tables.batch(TEXT_EMBEDDINGS, batch, SCHEMAS[TEXT_EMBEDDINGS]).filter(
         pl.col("encoder_version") == version
@@ -274,6 +230,8 @@ def _text_embeddings_batch(
             "texts_embedded": MetadataValue.int(len(pending)),
             "texts_cached": MetadataValue.int(sources.height - todo.height),
             "rows_by_source": MetadataValue.json({k: int(v) for k, v in counts.items()}),
+            **pair.metadata(),
+            "speech_model_version": MetadataValue.text(str(speech_version)),
             "rows_written": MetadataValue.int(written),
             "job_wall_s": MetadataValue.float(round(wall_s, 3)),
             "texts_per_s": MetadataValue.float(round(len(pending) / wall_s, 2) if pending else 0.0),
@@ -283,21 +241,17 @@ def _text_embeddings_batch(
 
 
 def _text_sources(
-    tables: DeltaTables, batch: str, archive: ArchiveSettings, vlm: VlmSettings, mlflow_registry: MlflowRegistry
+    tables: DeltaTables, batch: str, speech_version: str | None, caps: pl.DataFrame, pair: CaptionPair
 ) -> pl.DataFrame:
-    """The batch's texts to embed: speech segments of the speech model behind the alias, and ok captions
-    of the captioning model and prompt behind production."""
+    """The batch's texts to embed: speech segments of ``speech_version`` (none when the batch has no
+    transcripts) and the ok captions of ``caps`` (one caption pair)."""
     cols = ["video_id", "batch_key", "uri", "source", "segment", "source_version", "start_s", "end_s", "text"]
-    speech_version = archive_version(mlflow_registry, archive, SPEECH_MODEL)
     said = tables.batch(TRANSCRIPTS, batch, SCHEMAS[TRANSCRIPTS]).filter(
         (pl.col("model_version") == speech_version)
         & (pl.col("status") == TRANSCRIPT_SPEECH)
         & (pl.col("text").str.len_chars() > 0)
     )
-    caption_model, caption_prompt = production_versions(vlm, mlflow_registry)
-    seen = batch_captions(tables, batch, caption_model, caption_prompt).filter(
-        (pl.col("status") == CAPTION_OK) & (pl.col("prose").fill_null("").str.len_chars() > 0)
-    )
+    seen = caps.filter((pl.col("status") == CAPTION_OK) & (pl.col("prose").fill_null("").str.len_chars() > 0))
     return pl.concat(
         [
             said.select(
@@ -317,7 +271,7 @@ def _text_sources(
                 "uri",
                 pl.lit(SOURCE_CAPTION).alias("source"),
                 "segment",
-                pl.lit(caption_source_version(caption_model, caption_prompt)).alias("source_version"),
+                pl.lit(caption_source_version(pair.model_version, pair.prompt_version)).alias("source_version"),
                 pl.col("segment_start_s").alias("start_s"),
                 pl.col("segment_end_s").alias("end_s"),
                 pl.col("prose").alias("text"),

@@ -1,5 +1,5 @@
 """Evaluation stage assets: golden_set (the person-written labels of every use case) and eval_scores
-(structured_events of the production model and prompt vs the golden set, per use case), each
+(structured_events of the model and prompt they were last structured with, vs the golden set, per use case), each
 evaluation logged as an MLflow run."""
 
 import polars as pl
@@ -24,12 +24,11 @@ from video_assets.core.evaluation.golden import golden_rows as label_rows
 from video_assets.core.evaluation.golden import label_files, load_labels
 from video_assets.core.previews import markdown_table
 from video_assets.core.structuring import usecase as uc_mod
-from video_assets.core.tables import EVAL_SCORES, GOLDEN_SET, SCHEMAS, to_arrow
+from video_assets.core.tables import EVAL_SCORES, GOLDEN_SET, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadata
-from video_assets.defs.evaluation.runner import evaluate_candidate
-from video_assets.defs.models.assets import production_versions
-from video_assets.defs.structuring.assets import structured_events
-from video_assets.defs.structuring.runner import structurer_id
+from video_assets.defs.engines import structurer_id
+from video_assets.defs.lineage import upstream_pair
+from video_assets.defs.scoring import evaluate_candidate
 
 
 # Idempotent (the current label files replace the use cases' rows in one commit): retried on transient errors.
@@ -70,7 +69,7 @@ class EvalConfig(Config):
 
 
 @asset(
-    deps=[structured_events, golden_set],
+    deps=["structured_events", golden_set],
     # Re-score once every batch's events are in and one of them (or the labels) changed.
     automation_condition=AutomationCondition.eager(),
     # No retry policy: every attempt records a new MLflow run and eval_scores row.
@@ -87,8 +86,10 @@ def eval_scores(
     """Scores of the production model + prompt on every configured use case's golden set: P/R/F1 per
     verdict and for flagged (confirmed + suspected), confusion matrix, temporal-IoU event matching,
     coverage, bootstrap CI. One eval_scores row and one MLflow run per use case (the `evaluate` job;
-    its schedule `evaluation_schedule` runs it daily)."""
-    model_version, prompt_version = production_versions(vlm, mlflow_registry)
+    its schedule `evaluation_schedule` runs it daily). The model and prompt scored are those of the
+    latest structured_events materialisation (lineage, not the alias)."""
+    pair = upstream_pair(context, None, STRUCTURED_EVENTS)
+    model_version, prompt_version = pair.model_version, pair.prompt_version
     sid = structurer_id(structurer, vlm.registered_model, model_version)
     metadata, rows = {}, []
     for uc in uc_mod.parse_names(structurer.use_cases):
@@ -147,8 +148,7 @@ def eval_scores(
                 tables.read(EVAL_SCORES).height,
                 ["use_case", "model_version", "prompt_version", "flagged_f1", "macro_f1", "event_f1", "coverage"],
             ),
-            "model_version": MetadataValue.text(model_version),
-            "prompt_version": MetadataValue.int(prompt_version),
+            **pair.metadata(),
             "mlflow_tracking_uri": MetadataValue.text(mlflow_registry.tracking_uri),
             **metadata,
         },

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import polars as pl
-from dagster import AssetExecutionContext, AssetSpec, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetSpec, DataVersion, Failure, MaterializeResult, MetadataValue
 
 from resources.delta import DeltaTables
 from resources.volume import RefusedPath, VideoVolume
@@ -14,9 +14,8 @@ from video_assets.core.media.probe import ProbeResult, probe
 from video_assets.core.media.source import open_media
 from video_assets.core.tables import BATCH_MANIFEST, KEYS, RAW_VIDEOS, SCHEMAS, VIDEO_METADATA, to_arrow
 from video_assets.core.uploads.discovery import printable
-from video_assets.defs.common import SINGLE_RUN, per_batch, stage_asset, table_metadata
+from video_assets.defs.common import batch_asset, stage_asset, table_metadata
 from video_assets.defs.ingest.registration import read_manifest
-from video_assets.defs.partitions import video_batches
 
 # Written by the upload sensor and `video-assets register` (never by a run), which report each write
 # as a materialisation: an external asset, so the manifest -> raw_videos lineage shows in the UI.
@@ -37,19 +36,12 @@ def _batch_rows(tables: DeltaTables, name: str, batch: str) -> pl.DataFrame:
     return tables.batch(name, batch, SCHEMAS[name])
 
 
-@asset(
-    partitions_def=video_batches, backfill_policy=SINGLE_RUN, deps=[batch_manifest], **stage_asset("ingest", RAW_VIDEOS)
-)
-def raw_videos(context: AssetExecutionContext, volume: VideoVolume, tables: DeltaTables) -> MaterializeResult:
+@batch_asset("ingest", RAW_VIDEOS, deps=[batch_manifest])
+def raw_videos(
+    context: AssetExecutionContext, batch: str, volume: VideoVolume, tables: DeltaTables
+) -> MaterializeResult:
     """One row per uploaded file, keyed by the sha256 of its bytes; the batch's files come from the
     manifest the upload sensor wrote, so rerunning a batch registers exactly the same files."""
-    [result] = per_batch(context, lambda batch: _raw_videos_batch(batch, context, volume, tables))
-    return result
-
-
-def _raw_videos_batch(
-    batch: str, context: AssetExecutionContext, volume: VideoVolume, tables: DeltaTables
-) -> MaterializeResult:
     manifest = read_manifest(tables).filter((pl.col("batch_key") == batch) & (pl.col("status") == "batched"))
     if manifest.is_empty():
         raise Failure(
@@ -140,22 +132,12 @@ def _probe_in_volume(volume: VideoVolume, uri: str, size_bytes: int) -> ProbeRes
     return probe_file(uri, size_bytes)
 
 
-@asset(
-    partitions_def=video_batches,
-    backfill_policy=SINGLE_RUN,
-    deps=[raw_videos],
-    **stage_asset("ingest", VIDEO_METADATA, kinds=("pyav",)),
-)
-def video_metadata(context: AssetExecutionContext, volume: VideoVolume, tables: DeltaTables) -> MaterializeResult:
+@batch_asset("ingest", VIDEO_METADATA, kinds=("pyav",), deps=[raw_videos])
+def video_metadata(
+    context: AssetExecutionContext, batch: str, volume: VideoVolume, tables: DeltaTables
+) -> MaterializeResult:
     """Container, codec, size, rotation, frame rates, duration, frame and keyframe facts probed with
     PyAV in-process. A file that is not a usable video is a row with ok=false and the reason."""
-    [result] = per_batch(context, lambda batch: _video_metadata_batch(batch, context, volume, tables))
-    return result
-
-
-def _video_metadata_batch(
-    batch: str, context: AssetExecutionContext, volume: VideoVolume, tables: DeltaTables
-) -> MaterializeResult:
     videos = _batch_rows(tables, RAW_VIDEOS, batch)
     if videos.is_empty():
         raise Failure(f"raw_videos has no rows for batch {batch!r}: materialise raw_videos for it first")

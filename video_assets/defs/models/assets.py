@@ -6,19 +6,16 @@ from dagster import AssetExecutionContext, Config, DataVersion, Failure, Materia
 from pydantic import Field
 
 from resources.archive import FRAMES, SPEECH, TEXT, ArchiveSettings
-from resources.mlflow_registry import MlflowRegistry, RegistryError, is_not_found
+from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
 from video_assets.defs.common import TRANSIENT_RETRY, stage_asset
-
-CAPTION_PROMPT_NAME = "video-caption"
-CAPTION_PROMPT_FILE = Path(__file__).resolve().parents[2] / "prompts" / "caption.txt"
-TINY_WARNING = (
-    "TINY RANDOM TEST MODEL: captions are nonsense. Set VLM_MODEL_SOURCE to a hub id "
-    "(e.g. Qwen/Qwen2.5-VL-7B-Instruct) or a local folder of real weights."
+from video_assets.defs.registry import (
+    ARCHIVE_MODEL_ASSETS,
+    CAPTION_PROMPT_FILE,
+    CAPTION_PROMPT_NAME,
+    CHALLENGER,
+    TINY_WARNING,
 )
-
-
-CHALLENGER = "challenger"
 
 
 class RegistrationConfig(Config):
@@ -116,30 +113,6 @@ def caption_prompt(
     )
 
 
-def production_versions(vlm: VlmSettings, mlflow_registry: MlflowRegistry) -> tuple[str, int]:
-    """(model version, prompt version) behind the production alias, or a Failure that says what to run."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        model = mlflow_registry.resolve_alias(vlm.registered_model, vlm.alias)
-        prompt = mlflow_registry.load_prompt(CAPTION_PROMPT_NAME, vlm.alias)
-    except MlflowException as exc:
-        if not is_not_found(exc):  # a registry error: fail (retryable), never guess
-            raise RegistryError(
-                f"MLflow registry error resolving the {vlm.alias} model/prompt at {mlflow_registry.tracking_uri}: "
-                f"{exc}. Check the store (MLFLOW_TRACKING_URI) and rerun."
-            ) from exc
-        raise Failure(
-            f"no {vlm.alias} model/prompt in {mlflow_registry.tracking_uri}: {exc}. "
-            "Materialise vlm_model and caption_prompt (job register_model) first.",
-            allow_retries=False,
-        ) from exc
-    return str(model.version), int(prompt.version)
-
-
-ARCHIVE_MODEL_ASSETS = {SPEECH: "speech_model", FRAMES: "frame_encoder", TEXT: "text_encoder"}
-
-
 def _archive_model_asset(kind: str, what: str):
     """The registration asset of one archive model (speech, frame or text encoder)."""
 
@@ -188,26 +161,3 @@ speech_model = _archive_model_asset(SPEECH, "speech-to-text model (Whisper, CTra
 frame_encoder = _archive_model_asset(FRAMES, "frame encoder (image embeddings)")
 text_encoder = _archive_model_asset(TEXT, "text encoder (sentence embeddings)")
 ARCHIVE_MODELS = [speech_model, frame_encoder, text_encoder]
-
-
-def archive_model_files(mlflow_registry: MlflowRegistry, archive: ArchiveSettings, kind: str):
-    """(ModelFiles, version) of the ``kind`` model behind the alias, downloaded for this step; a Failure
-    that says what to run when it is not registered."""
-    from mlflow.exceptions import MlflowException
-
-    name = archive.registered_model(kind)
-    try:
-        return mlflow_registry.model_files(name, archive.alias, Path(archive.cache_dir) / "registry", archive.cache_dir)
-    except MlflowException as exc:
-        if not is_not_found(exc):
-            raise RegistryError(f"MLflow registry error resolving models:/{name}@{archive.alias}: {exc}") from exc
-        raise Failure(
-            f"no models:/{name}@{archive.alias} in {mlflow_registry.tracking_uri}: materialise "
-            f"{ARCHIVE_MODEL_ASSETS[kind]} (job register_model) first.",
-            allow_retries=False,
-        ) from exc
-
-
-def archive_version(mlflow_registry: MlflowRegistry, archive: ArchiveSettings, kind: str) -> str | None:
-    """The version of the ``kind`` model behind the archive's alias; None when there is none."""
-    return mlflow_registry.alias_version("model", archive.registered_model(kind), archive.alias)

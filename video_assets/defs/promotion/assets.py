@@ -1,11 +1,12 @@
-"""Promotion stage asset: promotion_decisions. A challenger model or caption prompt (alias
-``challenger``) replaces production only when, on a use case's golden set, no gated metric drops
-more than a tolerance (``core.evaluation.gate.decide``).
+"""Promotion stage: a challenger model or caption prompt (alias ``challenger``) replaces production only
+when, on a use case's golden set, no gated metric drops more than a tolerance
+(``core.evaluation.gate.decide``).
 
-Materialising it captions and structures the golden videos with each candidate where not done yet
-(reported as materialisations of ``captions`` and ``structured_events`` for the batches touched),
-scores both (``eval_scores`` rows + MLflow runs, reported as ``eval_scores`` materialisations),
-records the decision and moves the aliases."""
+One multi-asset, declared as what it writes: the golden videos captioned and structured by each
+candidate where not done yet (``candidate_captions``, ``candidate_events``), both candidates' scores
+(``candidate_scores`` rows + MLflow runs) and the decision (``promotion_decisions``); then the aliases
+move. The pipeline's own tables (captions, structured_events, eval_scores) hold only what their assets
+wrote, so lineage read from them stays true."""
 
 import uuid
 from datetime import UTC, datetime
@@ -13,13 +14,13 @@ from datetime import UTC, datetime
 import polars as pl
 from dagster import (
     AssetExecutionContext,
-    AssetMaterialization,
+    AssetSpec,
     Config,
     DataVersion,
     Failure,
     MaterializeResult,
     MetadataValue,
-    asset,
+    multi_asset,
 )
 from dagster_ray import RayResource
 from pydantic import Field
@@ -35,22 +36,29 @@ from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import pending_captions, structuring_versions
 from video_assets.core.tables import (
-    CAPTIONS,
-    EVAL_SCORES,
+    CANDIDATE_CAPTIONS,
+    CANDIDATE_EVENTS,
+    CANDIDATE_SCORES,
     HEADLINE_METRICS,
     KEYS,
     PROMOTIONS,
     SCHEMAS,
-    STRUCTURED_EVENTS,
     VIDEO_METADATA,
     to_arrow,
 )
-from video_assets.defs.captioning.runner import engine_name, job_spec, registered_model_files, run_captioning
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
-from video_assets.defs.evaluation.assets import eval_scores, golden_set
-from video_assets.defs.evaluation.runner import evaluate_candidate, golden_rows
-from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, CHALLENGER, caption_prompt, vlm_model
-from video_assets.defs.structuring.runner import make_structurer, structure_rows, structurer_id
+from video_assets.defs.engines import (
+    engine_name,
+    job_spec,
+    make_structurer,
+    registered_model_files,
+    run_captioning,
+    structure_rows,
+    structurer_id,
+)
+from video_assets.defs.lineage import golden_rows
+from video_assets.defs.registry import CAPTION_PROMPT_NAME, CHALLENGER
+from video_assets.defs.scoring import evaluate_candidate
 
 
 class PromotionConfig(Config):
@@ -63,23 +71,13 @@ class PromotionConfig(Config):
     min_frames: int = Field(default=8, ge=1)
 
 
-def _report(context: AssetExecutionContext, asset_key: str, batches, **metadata) -> None:
-    """Lineage for rows this job wrote into another stage's table: one materialisation per batch."""
-    for batch in sorted(set(batches)):
-        context.log_event(
-            AssetMaterialization(
-                asset_key=asset_key, partition=batch, metadata={"written_by": "promote_challenger", **metadata}
-            )
-        )
-
-
 def _ensure_captions(
     context, tables, vlm, registry, videos: pl.DataFrame, model_alias, prompt_alias, mv, pv, cfg
 ) -> ModelFiles:
     """Caption the golden videos this (model, prompt) has not captioned yet; returns the model's files."""
     model, _ = registered_model_files(registry, vlm, model_alias)
     sampling = SamplingConfig(min_frames=cfg.min_frames, max_frames=cfg.max_frames)
-    done = captioned_ok(tables.read(CAPTIONS, SCHEMAS[CAPTIONS]), mv, pv, split_key(sampling))
+    done = captioned_ok(tables.read(CANDIDATE_CAPTIONS, SCHEMAS[CANDIDATE_CAPTIONS]), mv, pv, split_key(sampling))
     todo = videos.filter(~pl.col("video_id").is_in(done))
     context.log.info(
         f"model v{mv} prompt v{pv}: {todo.height} golden videos to caption, {videos.height - todo.height} cached"
@@ -89,43 +87,45 @@ def _ensure_captions(
         engine = engine_name(vlm)
         spec = job_spec(sampling, vlm, engine, model, prompt.template)
         stamp = {"model_name": vlm.registered_model, "model_version": mv, "prompt_version": pv, "engine": engine}
-        stats = run_captioning(context.log, tables, todo, spec, stamp)
-        _report(
-            context,
-            CAPTIONS,
-            todo.get_column("batch_key").to_list(),
-            model_version=mv,
-            prompt_version=pv,
-            rows_written=int(stats["written"]),
-        )
+        stats = run_captioning(context.log, tables, todo, spec, stamp, table=CANDIDATE_CAPTIONS)
+        context.log.info(f"model v{mv} prompt v{pv}: {int(stats['written'])} candidate caption rows written")
     return model
 
 
 def _ensure_structured(context, tables, settings, uc, model: ModelFiles, ids, mv, pv, sid) -> None:
-    caps = tables.read(CAPTIONS, SCHEMAS[CAPTIONS]).filter(caption_versions(mv, pv) & pl.col("video_id").is_in(ids))
-    events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(structuring_versions(mv, pv, sid))
+    caps = tables.read(CANDIDATE_CAPTIONS, SCHEMAS[CANDIDATE_CAPTIONS]).filter(
+        caption_versions(mv, pv) & pl.col("video_id").is_in(ids)
+    )
+    events = tables.read(CANDIDATE_EVENTS, SCHEMAS[CANDIDATE_EVENTS]).filter(structuring_versions(mv, pv, sid))
     todo = pending_captions(caps.to_dicts(), events, uc)
     if todo:
         rows = structure_rows(make_structurer(settings, model), settings, uc, todo, sid, context.log)
-        tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])
-        _report(
-            context,
-            STRUCTURED_EVENTS,
-            [r["batch_key"] for r in rows],
-            structurer=sid,
-            use_case=uc.name,
-            rows_written=len(rows),
-        )
+        tables.merge(CANDIDATE_EVENTS, to_arrow(CANDIDATE_EVENTS, rows), KEYS[CANDIDATE_EVENTS])
 
 
-@asset(
-    deps=[eval_scores, golden_set, vlm_model, caption_prompt],
-    output_required=False,  # no challenger: nothing decided, nothing materialised
+def _spec(table: str, description: str, kinds: tuple[str, ...] = ()) -> AssetSpec:
+    # skippable: no challenger, nothing decided, nothing materialised
+    return AssetSpec(
+        table,
+        deps=["eval_scores", "golden_set", "vlm_model", "caption_prompt"],
+        skippable=True,
+        description=description,
+        **stage_asset("promotion", table, kinds=kinds),
+    )
+
+
+@multi_asset(
+    name="promotion",
+    specs=[
+        _spec(CANDIDATE_CAPTIONS, "The golden videos captioned by each candidate (captions' schema).", ("ray",)),
+        _spec(CANDIDATE_EVENTS, "The candidates' captions structured per use case (structured_events' schema)."),
+        _spec(CANDIDATE_SCORES, "Each candidate's scores on the golden set (eval_scores' schema).", ("mlflow",)),
+        _spec(PROMOTIONS, "One row per promotion decision, with its reason.", ("mlflow",)),
+    ],
     # No retry policy: an attempt records MLflow runs and may record a decision; a rerun is the operator's.
     pool=ACCELERATOR_POOL,
-    **stage_asset("promotion", PROMOTIONS, kinds=("mlflow", "ray")),
 )
-def promotion_decisions(
+def promotion(
     context: AssetExecutionContext,
     config: PromotionConfig,
     vlm: VlmSettings,
@@ -134,8 +134,9 @@ def promotion_decisions(
     tables: DeltaTables,
     ray_cluster: RayResource,
 ):
-    """One row per promotion decision: challenger vs production on a golden set; production moves only
-    if no gated metric regresses. Run by the promote_challenger job (or challenger_sensor)."""
+    """Challenger vs production on a golden set, each captioned, structured and scored in the promotion's
+    own tables; one decision row; production moves only if no gated metric regresses. Run by the
+    promote_challenger job (or challenger_sensor)."""
     reg, name = mlflow_registry, vlm.registered_model
     pm, cm = reg.alias_version("model", name, vlm.alias), reg.alias_version("model", name, CHALLENGER)
     pp, cp = (
@@ -184,19 +185,18 @@ def promotion_decisions(
             sid,
         )
         results[label] = evaluate_candidate(
-            tables, reg, uc, label, name, mv, pv, sid, config.iou_threshold, config.bootstrap
-        )
-        row = results[label][0]
-        context.log_event(
-            AssetMaterialization(
-                asset_key=EVAL_SCORES,
-                metadata={
-                    "written_by": "promote_challenger",
-                    "eval_id": row["eval_id"],
-                    "candidate": label,
-                    "mlflow_run_id": row["mlflow_run_id"],
-                },
-            )
+            tables,
+            reg,
+            uc,
+            label,
+            name,
+            mv,
+            pv,
+            sid,
+            config.iou_threshold,
+            config.bootstrap,
+            events_table=CANDIDATE_EVENTS,
+            scores_table=CANDIDATE_SCORES,
         )
     (prow, _), (crow, _) = results["production"], results["challenger"]
     promoted, reason = decide(prow, crow, config.tolerance, config.metrics)
@@ -229,12 +229,29 @@ def promotion_decisions(
         reg.delete_alias("model", name, CHALLENGER)
     if cp:
         reg.delete_alias("prompt", CAPTION_PROMPT_NAME, CHALLENGER)
+    for table in (CANDIDATE_CAPTIONS, CANDIDATE_EVENTS):
+        rows = tables.read(table, SCHEMAS[table]).filter(pl.col("video_id").is_in(videos.get_column("video_id")))
+        yield MaterializeResult(asset_key=table, metadata=table_metadata(tables.table_uri(table), rows, rows.height))
+    scored = tables.read(CANDIDATE_SCORES, SCHEMAS[CANDIDATE_SCORES])
+    yield MaterializeResult(
+        asset_key=CANDIDATE_SCORES,
+        metadata={
+            **table_metadata(
+                tables.table_uri(CANDIDATE_SCORES),
+                scored.filter(pl.col("eval_id").is_in([prow["eval_id"], crow["eval_id"]])),
+                scored.height,
+                ["candidate", "model_version", "prompt_version", *config.metrics],
+            ),
+            **{f"{label}/mlflow_run_id": MetadataValue.text(r[0]["mlflow_run_id"]) for label, r in results.items()},
+        },
+    )
     out = tables.read(PROMOTIONS, SCHEMAS[PROMOTIONS])
     now_model, now_prompt = (
         reg.alias_version("model", name, vlm.alias),
         reg.alias_version("prompt", CAPTION_PROMPT_NAME, vlm.alias),
     )
     yield MaterializeResult(
+        asset_key=PROMOTIONS,
         data_version=DataVersion(decision["decision_id"]),
         metadata={
             **table_metadata(

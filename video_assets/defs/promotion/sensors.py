@@ -4,8 +4,8 @@ from dagster import DefaultSensorStatus, RunRequest, SensorEvaluationContext, Sk
 
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
-from video_assets.defs.models.assets import CAPTION_PROMPT_NAME, CHALLENGER
 from video_assets.defs.promotion.jobs import promote_challenger_job
+from video_assets.defs.registry import CAPTION_PROMPT_NAME, CHALLENGER
 
 
 @sensor(

@@ -1,25 +1,21 @@
 """Routing stage assets: alerts and review_queue, from this batch's structured_events rows of the
-production model and prompt. Partitioned by upload batch."""
+caption pair structured_events last structured (lineage). Partitioned by upload batch."""
 
 from datetime import UTC, datetime
 
-from dagster import AssetExecutionContext, AssetKey, AssetSpec, Config, MaterializeResult, MetadataValue, multi_asset
+from dagster import AssetExecutionContext, AssetKey, AssetSpec, Config, MaterializeResult, MetadataValue
 from pydantic import Field
 
 from resources.delta import DeltaTables
-from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core import routing
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import structuring_versions
 from video_assets.core.tables import ALERTS, REVIEW_QUEUE, SCHEMAS, STRUCTURED_EVENTS, to_arrow
-from video_assets.defs.captioning.runner import batch_captions
-from video_assets.defs.common import SINGLE_RUN, TRANSIENT_RETRY, per_batch, stage_asset, table_metadata
-from video_assets.defs.models.assets import production_versions
-from video_assets.defs.partitions import video_batches
-from video_assets.defs.structuring.assets import structured_events
-from video_assets.defs.structuring.runner import structurer_id, use_case_version
+from video_assets.defs.common import TRANSIENT_RETRY, batch_asset, stage_asset, table_metadata
+from video_assets.defs.engines import structurer_id
+from video_assets.defs.lineage import batch_captions, upstream_pair, use_case_version
 
 
 class RoutingConfig(Config):
@@ -28,62 +24,45 @@ class RoutingConfig(Config):
     )
 
 
-@multi_asset(
+@batch_asset(
+    "routing",
     specs=[
         AssetSpec(
             ALERTS,
-            deps=[structured_events],
-            partitions_def=video_batches,
+            deps=["structured_events"],
             **stage_asset("routing", ALERTS),
             description="Confirmed or suspected rows at or above the use case's alert threshold, with evidence.",
         ),
         AssetSpec(
             REVIEW_QUEUE,
-            deps=[structured_events],
-            partitions_def=video_batches,
+            deps=["structured_events"],
             **stage_asset("routing", REVIEW_QUEUE),
             description="Rows a person should look at: possible, below threshold, verdict-only or unparsed.",
         ),
     ],
-    backfill_policy=SINGLE_RUN,
     # Idempotent (the batch's rows are replaced in one commit per table): retried on transient errors.
     retry_policy=TRANSIENT_RETRY,
 )
 def routed_events(
     context: AssetExecutionContext,
-    config: RoutingConfig,
-    vlm: VlmSettings,
-    structurer: StructurerSettings,
-    mlflow_registry: MlflowRegistry,
-    tables: DeltaTables,
-):
-    """Routes this batch's structured_events rows of the production model/prompt. The batch's rows in
-    both tables are replaced, so a new threshold moves rows between them on a rerun."""
-    yield from per_batch(
-        context, lambda batch: _routed_events_batch(batch, context, config, vlm, structurer, mlflow_registry, tables)
-    )
-
-
-def _routed_events_batch(
     batch: str,
-    context: AssetExecutionContext,
     config: RoutingConfig,
     vlm: VlmSettings,
     structurer: StructurerSettings,
-    mlflow_registry: MlflowRegistry,
     tables: DeltaTables,
 ):
-    model_version, prompt_version = production_versions(vlm, mlflow_registry)
+    """Routes this batch's structured_events rows: those of the caption pair structured_events last
+    structured for the batch (lineage, not the alias). The batch's rows in both tables are replaced,
+    so a new threshold moves rows between them on a rerun."""
+    pair = upstream_pair(context, batch, STRUCTURED_EVENTS)
+    model_version, prompt_version = pair.model_version, pair.prompt_version
     sid = structurer_id(structurer, vlm.registered_model, model_version)
     use_cases = uc_mod.parse_names(structurer.use_cases)
     events = tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
         structuring_versions(model_version, prompt_version, sid)
     )
     prose = {
-        (v, s): p
-        for v, s, p in batch_captions(tables, batch, model_version, prompt_version)
-        .select("video_id", "segment", "prose")
-        .iter_rows()
+        (v, s): p for v, s, p in batch_captions(tables, batch, pair).select("video_id", "segment", "prose").iter_rows()
     }
     now = datetime.now(UTC)
     alerts, review, thresholds = [], [], {}
@@ -109,8 +88,7 @@ def _routed_events_batch(
         yield MaterializeResult(
             asset_key=AssetKey(name),
             data_version=use_case_version(
-                model_version,
-                prompt_version,
+                pair,
                 sid,
                 use_cases,
                 extra="-thresholds-" + ",".join(f"{t:g}" for t in thresholds.values()),
@@ -122,6 +100,7 @@ def _routed_events_batch(
                     tables.row_count(name),
                     ["use_case", "uri", "start_s", "end_s", "verdict", "confidence", "reason"],
                 ),
+                **pair.metadata(),
                 "thresholds": MetadataValue.json(thresholds),
             },
         )

@@ -2,34 +2,28 @@
 partitioned by upload batch; reruns are idempotent merges."""
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, MetadataValue
 from dagster_ray import RayResource
 from pydantic import Field
 
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
-from resources.settings import ray_outlives_steps
+from resources.ray_service import ray_outlives_steps
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import pending_captions, structuring_versions
 from video_assets.core.tables import KEYS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
-from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.runner import (
-    batch_captions,
+from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
+from video_assets.defs.engines import (
     cluster_gpus,
-    registered_model_files,
-    warm_engine_spec,
-)
-from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, per_batch, stage_asset, table_metadata
-from video_assets.defs.models.assets import production_versions
-from video_assets.defs.partitions import video_batches
-from video_assets.defs.structuring.runner import (
     make_structurer,
+    model_files_of,
     structure_rows,
     structurer_id,
-    use_case_version,
+    warm_engine_spec,
 )
+from video_assets.defs.lineage import lineage_captions, use_case_version
 
 
 class StructuredEventsConfig(Config):
@@ -43,15 +37,10 @@ def _connect(context, ray: RayResource) -> float:
     return cluster_gpus() or 0.0
 
 
-@asset(
-    partitions_def=video_batches,
-    backfill_policy=SINGLE_RUN,
-    deps=[captions],
-    pool=ACCELERATOR_POOL,
-    **stage_asset("structuring", STRUCTURED_EVENTS, kinds=("mlflow",)),
-)
+@batch_asset("structuring", STRUCTURED_EVENTS, kinds=("mlflow",), deps=["captions"], pool=ACCELERATOR_POOL)
 def structured_events(
     context: AssetExecutionContext,
+    batch: str,
     config: StructuredEventsConfig,
     vlm: VlmSettings,
     structurer: StructurerSettings,
@@ -62,37 +51,15 @@ def structured_events(
     """One row per caption and use case: verdict, confidence and timed events, decoded under the use
     case's JSON schema (xgrammar on CPU, vLLM structured outputs on GPU). A failed parse gets one
     verdict-only retry; what still fails is `unparsed` with the raw output; an errored caption is
-    `no_caption`. Events are a list column (start_s, end_s, actor, action, object)."""
-    [result] = per_batch(
-        context,
-        lambda batch: _structured_events_batch(
-            batch, context, config, vlm, structurer, mlflow_registry, tables, ray_on_demand
-        ),
-    )
-    return result
-
-
-def _structured_events_batch(
-    batch: str,
-    context: AssetExecutionContext,
-    config: StructuredEventsConfig,
-    vlm: VlmSettings,
-    structurer: StructurerSettings,
-    mlflow_registry: MlflowRegistry,
-    tables: DeltaTables,
-    ray_on_demand: RayResource,
-) -> MaterializeResult:
+    `no_caption`. Events are a list column (start_s, end_s, actor, action, object). The captions are
+    those the captions step last wrote for the batch (their model and prompt versions come through
+    lineage, not from the alias), and the 'captioner' structurer is that same model version."""
     try:
         use_cases = uc_mod.parse_names(structurer.use_cases)
     except ValueError as exc:
         raise Failure(str(exc)) from exc
-    model_version, prompt_version = production_versions(vlm, mlflow_registry)
-    caps = batch_captions(tables, batch, model_version, prompt_version)
-    if caps.is_empty():
-        raise Failure(
-            f"captions has no rows for batch {batch!r} with model v{model_version} and prompt "
-            f"v{prompt_version}: materialise captions for this batch first"
-        )
+    caps, pair = lineage_captions(context, tables, batch)
+    model_version, prompt_version = pair.model_version, pair.prompt_version
     sid = structurer_id(structurer, vlm.registered_model, model_version)
     existing = tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
         structuring_versions(model_version, prompt_version, sid)
@@ -110,9 +77,7 @@ def _structured_events_batch(
         if not todo:
             continue
         if engine is None:
-            files = (
-                registered_model_files(mlflow_registry, vlm, vlm.alias)[0] if structurer.model == CAPTIONER else None
-            )
+            files = model_files_of(mlflow_registry, vlm, model_version) if structurer.model == CAPTIONER else None
             warm = None
             if files is not None and ray_outlives_steps():  # engines stay warm there: share the captions one
                 _connect(context, ray_on_demand)
@@ -129,7 +94,7 @@ def _structured_events_batch(
     status = dict(out.group_by("status").len().sort("status").iter_rows())
     verdicts = dict(out.filter(pl.col("verdict").is_not_null()).group_by("verdict").len().sort("verdict").iter_rows())
     return MaterializeResult(
-        data_version=use_case_version(model_version, prompt_version, sid, use_cases),
+        data_version=use_case_version(pair, sid, use_cases),
         metadata={
             **table_metadata(
                 tables.table_uri(STRUCTURED_EVENTS),
@@ -137,6 +102,7 @@ def _structured_events_batch(
                 tables.row_count(STRUCTURED_EVENTS),
                 ["use_case", "uri", "segment", "status", "verdict", "confidence", "n_events", "error"],
             ),
+            **pair.metadata(),
             "structurer": MetadataValue.text(sid),
             "use_cases": MetadataValue.json({u.name: u.version for u in use_cases}),
             "status_counts": MetadataValue.json(status),

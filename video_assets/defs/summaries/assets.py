@@ -7,26 +7,23 @@ import hashlib
 from datetime import UTC, datetime
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue
 from pydantic import Field
 
-from resources.archive import SPEECH, ArchiveSettings
 from resources.delta import DeltaTables
 from resources.llm import LlmSettings
-from resources.mlflow_registry import MlflowRegistry
-from resources.vlm import VlmSettings
 from video_assets.core.qa import summaries as summ
 from video_assets.core.qa.llm import LlmUnavailable
-from video_assets.core.tables import SCHEMAS, TRANSCRIPTS, VIDEO_SUMMARIES, to_arrow
+from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS, TRANSCRIPTS, VIDEO_SUMMARIES, to_arrow
 from video_assets.core.uploads.discovery import printable
-from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.runner import production_captions
-from video_assets.defs.common import SINGLE_RUN, per_batch, stage_asset, table_metadata
-from video_assets.defs.models.assets import archive_version
-from video_assets.defs.partitions import video_batches
-from video_assets.defs.structuring.assets import structured_events
-from video_assets.defs.structuring.runner import answered_events
-from video_assets.defs.transcripts.assets import transcripts
+from video_assets.defs.common import batch_asset, table_metadata
+from video_assets.defs.lineage import (
+    answered_events,
+    lineage_captions,
+    upstream_metadata,
+    upstream_pair,
+    upstream_value,
+)
 
 EXTRACTIVE = "extractive"
 
@@ -37,48 +34,26 @@ class SummariesConfig(Config):
     resummarize: bool = Field(default=False, description="Summarise again videos whose inputs did not change")
 
 
-@asset(
-    partitions_def=video_batches,
-    backfill_policy=SINGLE_RUN,
-    deps=[captions, transcripts, structured_events],
-    **stage_asset("summaries", VIDEO_SUMMARIES, kinds=("mlflow",)),
-)
+@batch_asset("summaries", VIDEO_SUMMARIES, kinds=("mlflow",), deps=["captions", "transcripts", "structured_events"])
 def video_summaries(
     context: AssetExecutionContext,
+    batch: str,
     config: SummariesConfig,
-    vlm: VlmSettings,
-    archive: ArchiveSettings,
     llm: LlmSettings,
-    mlflow_registry: MlflowRegistry,
     tables: DeltaTables,
 ) -> MaterializeResult:
     """What happens in each video of the batch, with ``[mm:ss]`` times: every event, and captions and
-    speech spread over the video (extractive), or an LLM's map-reduce summary of the whole timeline."""
-    [result] = per_batch(
-        context,
-        lambda batch: _video_summaries_batch(batch, context, config, vlm, archive, llm, mlflow_registry, tables),
-    )
-    return result
-
-
-def _video_summaries_batch(
-    batch: str,
-    context: AssetExecutionContext,
-    config: SummariesConfig,
-    vlm: VlmSettings,
-    archive: ArchiveSettings,
-    llm: LlmSettings,
-    mlflow_registry: MlflowRegistry,
-    tables: DeltaTables,
-) -> MaterializeResult:
-    caps, caption_model, caption_prompt = production_captions(tables, batch, vlm, mlflow_registry)
-    speech_version = archive_version(mlflow_registry, archive, SPEECH)
+    speech spread over the video (extractive), or an LLM's map-reduce summary of the whole timeline.
+    Captions, transcripts and events are those the upstream steps last wrote for the batch (lineage)."""
+    caps, pair = lineage_captions(context, tables, batch)
+    speech_version = upstream_value(context, TRANSCRIPTS, batch, "model_version")
     if speech_version is None:
-        context.log.warning("no speech model behind the alias: summaries without transcripts")
+        context.log.warning(f"transcripts not materialised for batch {batch!r}: summaries without transcripts")
         said = pl.DataFrame(schema=pl.from_arrow(SCHEMAS[TRANSCRIPTS].empty_table()).schema)
     else:
         said = tables.batch(TRANSCRIPTS, batch, SCHEMAS[TRANSCRIPTS]).filter(pl.col("model_version") == speech_version)
-    events = answered_events(tables, batch, caption_model, caption_prompt)
+    structured = upstream_metadata(context, STRUCTURED_EVENTS, batch) is not None
+    events = answered_events(tables, batch, upstream_pair(context, batch, STRUCTURED_EVENTS) if structured else pair)
 
     client = llm.client()
     summarizer = EXTRACTIVE
@@ -146,6 +121,7 @@ def _video_summaries_batch(
                 tables.row_count(VIDEO_SUMMARIES),
                 ["uri", "summarizer", "chunks", "start_s", "end_s", "summary"],
             ),
+            **pair.metadata(),
             "summarizer": MetadataValue.text(summarizer),
             "videos_summarized": MetadataValue.int(len(rows)),
             "videos_unchanged": MetadataValue.int(unchanged),

@@ -6,7 +6,7 @@ import time
 from datetime import UTC, datetime
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -17,11 +17,9 @@ from video_assets.core.tables import SCHEMAS, TRANSCRIPTS, VIDEO_METADATA, to_ar
 from video_assets.core.transcription.job import transcript_job_rows
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import TRANSCRIPT_ERROR, TRANSCRIPT_SPEECH
-from video_assets.defs.captioning.runner import cluster_gpus
-from video_assets.defs.common import ACCELERATOR_POOL, SINGLE_RUN, per_batch, stage_asset, table_metadata
-from video_assets.defs.ingest.assets import video_metadata
-from video_assets.defs.models.assets import archive_model_files, speech_model
-from video_assets.defs.partitions import video_batches
+from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
+from video_assets.defs.engines import cluster_gpus
+from video_assets.defs.registry import archive_model_files
 
 WRITE_EVERY = 8  # videos per Delta write: a crash loses at most this much work
 EXCERPT_VIDEOS = 3
@@ -39,15 +37,16 @@ def whisper_settings(archive: ArchiveSettings, device: str) -> dict:
     return {"device": device, "compute_type": compute, "vad": archive.speech_vad, "language": archive.speech_language}
 
 
-@asset(
-    partitions_def=video_batches,
-    backfill_policy=SINGLE_RUN,
-    deps=[video_metadata, speech_model],
+@batch_asset(
+    "transcripts",
+    TRANSCRIPTS,
+    kinds=("ray", "mlflow"),
+    deps=["video_metadata", "speech_model"],
     pool=ACCELERATOR_POOL,
-    **stage_asset("transcripts", TRANSCRIPTS, kinds=("ray", "mlflow")),
 )
 def transcripts(
     context: AssetExecutionContext,
+    batch: str,
     config: TranscriptsConfig,
     archive: ArchiveSettings,
     mlflow_registry: MlflowRegistry,
@@ -56,22 +55,8 @@ def transcripts(
 ) -> MaterializeResult:
     """Speech segments with word times (Whisper through faster-whisper, voice-activity filtered), one Ray
     Data job per batch: 1-CPU tasks decode audio, model actors transcribe. A video without an audio
-    stream, or without speech, gets one row that says so and no text; one that fails gets an error row."""
-    [result] = per_batch(
-        context, lambda batch: _transcripts_batch(batch, context, config, archive, mlflow_registry, tables, ray_cluster)
-    )
-    return result
-
-
-def _transcripts_batch(
-    batch: str,
-    context: AssetExecutionContext,
-    config: TranscriptsConfig,
-    archive: ArchiveSettings,
-    mlflow_registry: MlflowRegistry,
-    tables: DeltaTables,
-    ray_cluster: RayResource,
-) -> MaterializeResult:
+    stream, or without speech, gets one row that says so and no text; one that fails gets an error row.
+    The speech model version is resolved here and recorded (``model_version``) for the stages after."""
     meta = tables.batch(VIDEO_METADATA, batch, SCHEMAS[VIDEO_METADATA])
     if meta.is_empty():
         raise Failure(f"video_metadata has no rows for batch {batch!r}: materialise it first")

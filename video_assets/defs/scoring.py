@@ -1,5 +1,6 @@
 """Scoring one candidate (model, prompt, structurer) on a use case's golden set: an eval_scores row
-and an MLflow run. Shared by the eval_scores asset and the promotion job."""
+and an MLflow run. Shared by the eval_scores asset and the promotion job (which scores its candidates'
+own tables)."""
 
 import json
 import uuid
@@ -16,19 +17,15 @@ from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import structuring_versions
 from video_assets.core.tables import (
     EVAL_SCORES,
-    GOLDEN_SET,
     HEADLINE_METRICS,
     KEYS,
     SCHEMAS,
     STRUCTURED_EVENTS,
     to_arrow,
 )
+from video_assets.defs.lineage import golden_rows
 
 EXPERIMENT = "video-assets-evaluation"
-
-
-def golden_rows(tables: DeltaTables, use_case: str) -> list[dict]:
-    return tables.read(GOLDEN_SET, SCHEMAS[GOLDEN_SET]).filter(pl.col("use_case") == use_case).to_dicts()
 
 
 def evaluate_candidate(
@@ -42,6 +39,8 @@ def evaluate_candidate(
     structurer: str,
     iou_threshold: float,
     bootstrap: int,
+    events_table: str = STRUCTURED_EVENTS,
+    scores_table: str = EVAL_SCORES,
 ) -> tuple[dict, dict]:
     """Score one (model, prompt, structurer) on the use case's golden set; write an eval_scores row
     and an MLflow run. Returns (row, scores)."""
@@ -49,7 +48,7 @@ def evaluate_candidate(
     if not golden:
         raise Failure(f"golden_set has no labels for use case {uc.name!r}: materialise golden_set first")
     ids = [g["video_id"] for g in golden]
-    events = tables.read(STRUCTURED_EVENTS, SCHEMAS[STRUCTURED_EVENTS]).filter(
+    events = tables.read(events_table, SCHEMAS[events_table]).filter(
         structuring_versions(model_version, prompt_version, structurer, uc) & pl.col("video_id").is_in(ids)
     )
     scores = score_use_case(golden, video_predictions(events.to_dicts()), iou_threshold, bootstrap)
@@ -113,6 +112,6 @@ def evaluate_candidate(
         "confusion": json.dumps(scores["confusion"]),
         "mlflow_run_id": run_id,
     }
-    tables.merge(EVAL_SCORES, to_arrow(EVAL_SCORES, [row]), KEYS[EVAL_SCORES])
+    tables.merge(scores_table, to_arrow(scores_table, [row]), KEYS[scores_table])
     scores.update(png=png, run_id=run_id, experiment_id=experiment_id, eval_id=eval_id)
     return row, scores

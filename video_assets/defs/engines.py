@@ -1,5 +1,7 @@
-"""Captioning runs, shared by the captions asset and the promotion job: the Ray job spec from the
-resources and run config, and the streaming write of its rows into the captions table."""
+"""The model engines, in one place for every stage that runs one (captions, structuring, curation,
+promotion, the archive stages): which caption model the production alias names (resolved only here,
+by the captions step and the promotion job), which engine runs it, the GPUs it reserves, the Ray job
+of a captioning run and the streaming write of its rows, and the structurer."""
 
 import time
 from datetime import UTC, datetime
@@ -10,18 +12,23 @@ from dagster import Failure
 
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
-from resources.settings import ray_outlives_steps
+from resources.ray_service import ray_outlives_steps
+from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
-from video_assets.core.captioning.versions import caption_versions, split_key
-from video_assets.core.inference import choose_engine_name
-from video_assets.core.inference.model_cache import ModelFiles
+from video_assets.core.captioning.versions import split_key
+from video_assets.core.inference import choose_engine_name, vllm_importable
+from video_assets.core.inference.model_cache import ModelFiles, download_once
 from video_assets.core.inference.service_runner import streamed
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.structuring import usecase as uc_mod
+from video_assets.core.structuring.policy import structure_captions
 from video_assets.core.tables import CAPTIONS, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
+from video_assets.defs.lineage import CaptionPair
+from video_assets.defs.registry import CAPTION_PROMPT_NAME
 
 PREVIEW_VIDEOS = 3  # videos whose sampled frames the materialisation shows
 WRITE_EVERY = 32  # rows per Delta merge (whole videos): a crash loses at most this much work
@@ -52,6 +59,30 @@ def registered_model_files(registry: MlflowRegistry, vlm: VlmSettings, alias: st
     """The version behind ``alias`` downloaded for this step, with what other nodes need to fetch it
     themselves; and the version."""
     return registry.model_files(vlm.registered_model, alias, Path(vlm.cache_dir) / "registry", vlm.cache_dir)
+
+
+def resolve_caption_model(registry: MlflowRegistry, vlm: VlmSettings, alias: str | None = None):
+    """(model files, caption pair, prompt) behind ``alias`` (the production alias by default): the one
+    place the alias is resolved; a Failure that says what to run when nothing is registered."""
+    alias = alias or vlm.alias
+    try:
+        model, model_version = registered_model_files(registry, vlm, alias)
+        prompt = registry.load_prompt(CAPTION_PROMPT_NAME, alias)
+    except Exception as exc:
+        raise Failure(
+            f"cannot resolve models:/{vlm.registered_model}@{alias} or prompts:/{CAPTION_PROMPT_NAME}@{alias} "
+            f"in {registry.tracking_uri}: {exc}. Materialise vlm_model and caption_prompt first."
+        ) from exc
+    return model, CaptionPair(str(model_version), int(prompt.version)), prompt
+
+
+def model_files_of(registry: MlflowRegistry, vlm: VlmSettings, version: str) -> ModelFiles:
+    """The files of one caption model version (the one lineage names, whatever the alias says now),
+    downloaded for this step, with what other nodes need to fetch them."""
+    name = vlm.registered_model
+    source = registry.client().get_model_version(name, version).source
+    path = download_once(source, Path(vlm.cache_dir) / "registry" / f"{name}-v{version}", registry.tracking_uri)
+    return ModelFiles(str(path), source, vlm.cache_dir, registry.tracking_uri)
 
 
 def job_spec(
@@ -93,7 +124,13 @@ def warm_engine_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
 
 
 def run_captioning(
-    log, tables: DeltaTables, todo: pl.DataFrame, spec: JobSpec, stamp: dict, pending: list[dict] | None = None
+    log,
+    tables: DeltaTables,
+    todo: pl.DataFrame,
+    spec: JobSpec,
+    stamp: dict,
+    pending: list[dict] | None = None,
+    table: str = CAPTIONS,
 ) -> dict:
     """Caption ``todo`` (video_metadata rows) with one Ray Data job. Rows are written whole videos at a
     time (merged every WRITE_EVERY rows), each write replacing everything the video had for this model
@@ -135,7 +172,7 @@ def run_captioning(
             ready.extend(arrived.pop(row["video_id"]).values())
             if len(ready) >= WRITE_EVERY:
                 t0 = time.perf_counter()
-                written += _write(tables, ready, stamp, split)
+                written += _write(tables, ready, stamp, split, table)
                 delta_s += time.perf_counter() - t0
                 ready = []
     for segments in arrived.values():  # the job ended without some segments: say so, per segment
@@ -150,7 +187,7 @@ def run_captioning(
             for i in missing
         )
     t0 = time.perf_counter()
-    written += _write(tables, ready, stamp, split)
+    written += _write(tables, ready, stamp, split, table)
     delta_s += time.perf_counter() - t0
     return {
         "written": written,
@@ -165,13 +202,13 @@ def run_captioning(
     }
 
 
-def _write(tables: DeltaTables, rows: list[dict], stamp: dict, split: str) -> int:
+def _write(tables: DeltaTables, rows: list[dict], stamp: dict, split: str, table: str) -> int:
     """Write whole videos: in one commit, their rows for this model and prompt are replaced by ``rows``
     (a rerun's rows, or another split's, leave nothing stale behind)."""
     if not rows:
         return 0
     now = datetime.now(UTC)
-    cols = [f.name for f in SCHEMAS[CAPTIONS]]
+    cols = [f.name for f in SCHEMAS[table]]
     full = [{**{c: r.get(c) for c in cols}, **stamp, "split": split, "captioned_at": now} for r in rows]
     selection = {
         "batch_key": sorted({r["batch_key"] for r in full}),  # lets Delta skip other batches' files
@@ -179,24 +216,80 @@ def _write(tables: DeltaTables, rows: list[dict], stamp: dict, split: str) -> in
         "model_version": [str(stamp["model_version"])],
         "prompt_version": [int(stamp["prompt_version"])],
     }
-    tables.replace_where(CAPTIONS, to_arrow(CAPTIONS, full), selection)
+    tables.replace_where(table, to_arrow(table, full), selection)
     return len(full)
 
 
-def batch_captions(tables: DeltaTables, batch: str, model_version: str, prompt_version: int) -> pl.DataFrame:
-    """The batch's captions by one (model, prompt) pair."""
-    return tables.batch(CAPTIONS, batch, SCHEMAS[CAPTIONS]).filter(caption_versions(model_version, prompt_version))
+def structurer_id(settings: StructurerSettings, model_name: str, model_version: str) -> str:
+    return f"{model_name}/v{model_version}" if settings.model == CAPTIONER else settings.model
 
 
-def production_captions(
-    tables: DeltaTables, batch: str, vlm: VlmSettings, mlflow_registry: MlflowRegistry
-) -> tuple[pl.DataFrame, str, int]:
-    """The batch's captions by the production model and prompt, with those versions; a Failure that says
-    what to run when the batch has none yet (the stages that read captions start here)."""
-    from video_assets.defs.models.assets import production_versions
+def make_structurer(
+    settings: StructurerSettings,
+    captioner: ModelFiles | Path | str | None,
+    connect_ray=None,
+    warm: JobSpec | None = None,
+):
+    """The engine for ``settings`` (the captioning model's files when model is 'captioner').
 
-    model_version, prompt_version = production_versions(vlm, mlflow_registry)
-    caps = batch_captions(tables, batch, model_version, prompt_version)
-    if caps.is_empty():
-        raise Failure(f"captions has no rows for batch {batch!r} (model v{model_version}): materialise it first")
-    return caps, model_version, prompt_version
+    ``connect_ray()`` connects to Ray through the step's Ray resource and returns the cluster's GPU
+    count; it is called only when vLLM could run (asked for, or ``auto`` with vLLM installed), so the
+    CPU default never starts Ray for structuring. Without it, the GPUs this process sees decide.
+    ``warm``: the captions step's warm engine (the step joined a Ray that outlives it); the
+    'captioner' structurer on transformers then runs on that engine's loaded model, on its device,
+    instead of loading the model again here."""
+    files = captioner if isinstance(captioner, ModelFiles) or captioner is None else ModelFiles(str(captioner))
+    if settings.model == CAPTIONER and files is None:
+        raise ValueError("structuring with the captioning model needs its files")
+    model = files.path if settings.model == CAPTIONER else settings.model
+    requested = (settings.engine or "auto").strip().lower()
+    gpus = None
+    if requested == "vllm" or (requested == "auto" and vllm_importable()):
+        gpus = connect_ray() if connect_ray is not None else cluster_gpus()
+    if choose_engine_name(settings.engine, gpus=gpus) == "vllm":
+        from video_assets.core.structuring.engines import VllmStructurer
+
+        return VllmStructurer(settings.vllm_settings(model), files if settings.model == CAPTIONER else None)
+    if warm is not None and settings.model == CAPTIONER:
+        from video_assets.core.captioning.job import WarmStructurer
+
+        return WarmStructurer(warm, settings.batch_size)
+    from video_assets.core.structuring.engines import TransformersStructurer
+
+    return TransformersStructurer(model, settings.device, settings.batch_size)
+
+
+def structure_rows(
+    engine, settings: StructurerSettings, uc: uc_mod.UseCase, caption_rows: list[dict], structurer: str, log=None
+) -> list[dict]:
+    """structured_events rows for caption rows (dicts of the captions table), one per caption."""
+    now = datetime.now(UTC)
+    results = structure_captions(engine, uc, caption_rows, settings.max_new_tokens, settings.retry_max_new_tokens)
+    out = []
+    for n, (c, r) in enumerate(zip(caption_rows, results), start=1):
+        if log is not None:
+            name = printable(c["uri"].rsplit("/", 1)[-1])
+            log.info(
+                f"[{n}/{len(caption_rows)}] {uc.name} {name} segment {c['segment']}: {r['status']}"
+                + (f" {r['verdict']}" if r["verdict"] else "")
+                + (f" ({printable(r['error'])})" if r["error"] else "")
+            )
+        out.append(
+            {
+                "video_id": c["video_id"],
+                "segment": c["segment"],
+                "use_case": uc.name,
+                "model_version": c["model_version"],
+                "prompt_version": c["prompt_version"],
+                "use_case_version": uc.version,
+                "structurer": structurer,
+                "batch_key": c["batch_key"],
+                "uri": c["uri"],
+                "segment_start_s": c.get("segment_start_s"),
+                "segment_end_s": c.get("segment_end_s"),
+                **r,
+                "n_events": len(r["events"]),
+                "structured_at": now,
+            }
+        )
+    return out
