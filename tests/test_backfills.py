@@ -41,3 +41,15 @@ def test_results_of_several_batches_merge_into_one_that_says_what_each_did():
     assert meta["batches"].value == 2 and meta["engine"].value == "y"
     other = merge_batches(["b1", "b2"], [_result(3, 10, 5.0, "v1", "x"), _result(4, 14, 7.0, "v3", "y")])
     assert merged.data_version != other.data_version  # any batch's new content is a new version
+
+
+def test_a_range_keeps_the_caption_pair_it_was_made_with():
+    """The versions a later stage reads back from a range run's materialisation are the batches' own,
+    not their sum (a two-batch range of prompt v1 once read as prompt v2, and scored nothing)."""
+    from video_assets.defs.lineage import CaptionPair
+
+    pair = CaptionPair("1", 1).metadata()
+    one = MaterializeResult(metadata={**pair, "dagster/row_count": MetadataValue.int(2)})
+    merged = merge_batches(["b1", "b2"], [one, one])
+    assert merged.metadata["prompt_version"].value == 1 and merged.metadata["model_version"].value == "1"
+    assert merged.metadata["dagster/row_count"].value == 4

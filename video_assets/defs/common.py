@@ -143,6 +143,9 @@ def stage_asset(stage: str, table: str | None = None, kinds: tuple[str, ...] = (
 SINGLE_RUN = BackfillPolicy.single_run()
 # Counts that describe the whole table, not the batch: in a range run they are the last batch's.
 TABLE_WIDE = ("table_row_count", "total_rows")
+# Versions a later stage reads back (lineage): identities, never summed. A range run's batches share them
+# (captions resolves one pair per run); each batch's own is under ``per_batch`` too.
+IDENTITIES = ("prompt_version",)
 
 
 def per_batch(context, body: Callable[[str], MaterializeResult | Iterable[MaterializeResult]]) -> list:
@@ -217,12 +220,12 @@ def batch_asset(stage: str, table: str | None = None, *, kinds: tuple[str, ...] 
 
 def merge_batches(batches: list[str], results: list[MaterializeResult]) -> MaterializeResult:
     """One asset's results for several batches as one (Dagster records it for each partition of the
-    range): counts summed (table-wide ones are the last batch's), other values the last batch's, every
+    range): counts summed (table-wide ones and versions are the last batch's), other values the last batch's, every
     number per batch under ``per_batch``, and a data version over all the batches' versions."""
     metas = [dict(r.metadata or {}) for r in results]
     merged = dict(metas[-1])
     for key, value in metas[-1].items():
-        if isinstance(value, IntMetadataValue) and key not in TABLE_WIDE:
+        if isinstance(value, IntMetadataValue) and key not in TABLE_WIDE + IDENTITIES:
             merged[key] = MetadataValue.int(sum(int(m[key].value or 0) for m in metas if key in m))
         elif isinstance(value, FloatMetadataValue):
             merged.pop(key)  # rates and times of one batch: kept per batch below
