@@ -1,8 +1,9 @@
 """No import cycle among the product's modules (video_assets, resources), counting imports inside
 functions too: a lazy import that only hides a cycle still ties two modules into one."""
 
-import ast
 from pathlib import Path
+
+from video_assets.defs.common import imported_names
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("video_assets", "resources")
@@ -17,19 +18,7 @@ def import_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
     """module -> the project modules it imports anywhere in its source (``from x import y`` may name a
     module ``x.y``)."""
     files = {_module(p, root): p for pkg in packages for p in (root / pkg).rglob("*.py")}
-    graph = {}
-    for name, path in files.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            else:
-                continue
-            found |= {n for n in names if n in files and n != name}
-        graph[name] = found
-    return graph
+    return {name: {n for n in imported_names(path) if n in files and n != name} for name, path in files.items()}
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -63,19 +63,21 @@ def _module_file(module: str, root: Path) -> Path | None:
     return None
 
 
-def _imports(path: Path, root: Path) -> set[Path]:
-    """Project files ``path`` imports, at module level or inside functions (``from x import y`` may
-    name a module y of package x)."""
-    found = set()
+def imported_names(path: Path) -> set[str]:
+    """Every absolute name ``path`` imports, at module level or inside functions; ``from x import y``
+    gives both ``x`` and ``x.y`` (y may be a module of package x)."""
+    names = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-        else:
-            continue
-        found |= {f for name in names if (f := _module_file(name, root)) is not None}
-    return found
+            names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return names
+
+
+def _imports(path: Path, root: Path) -> set[Path]:
+    """Project files ``path`` imports (``imported_names`` that are files of the package)."""
+    return {f for name in imported_names(path) if (f := _module_file(name, root)) is not None}
 
 
 def import_closure(stage: str, root: Path = PACKAGE) -> list[Path]:
