@@ -53,8 +53,8 @@ class ArchiveSettings(ConfigurableResource):
     speech_language: str | None = Field(default=None, description="Force a language (e.g. 'en'); None detects it")
     frame_ocr: bool = Field(default=False, description="Read on-screen text of every embedded frame (rapidocr)")
     cpu_concurrency: int = Field(default=2, ge=1, description="Parallel decode tasks (1 CPU each)")
-    model_concurrency: int = Field(default=1, ge=1, description="Actors per model stage (each holds one model)")
-    model_num_gpus: float | None = Field(
+    concurrency: int = Field(default=1, ge=1, description="Actors per model stage (each holds one model)")
+    num_gpus: float | None = Field(
         default=None, ge=0, description="GPUs per model actor; unset: 1 when the cluster has GPUs and device != cpu"
     )
     frame_batch_size: int = Field(default=32, ge=1, description="Frames per encoder call")
@@ -63,7 +63,7 @@ class ArchiveSettings(ConfigurableResource):
     def actor_placement(self, cluster_gpus: float | None) -> tuple[str, float]:
         """(device, GPUs per actor) of the model actors: GPUs are reserved in Ray only when the
         cluster has some and the device allows; ``auto`` then means cuda."""
-        gpus = self.model_num_gpus
+        gpus = self.num_gpus
         if gpus is None:
             gpus = 1.0 if self.device != "cpu" and (cluster_gpus or 0) > 0 else 0.0
         device = self.device if self.device != "auto" else ("cuda" if gpus > 0 else "cpu")
@@ -73,7 +73,7 @@ class ArchiveSettings(ConfigurableResource):
         """The Ray job shape of an archive stage (decode width, model actors and their GPUs), and the
         actors' device."""
         device, gpus = self.actor_placement(cluster_gpus)
-        return StageSpec(self.cpu_concurrency, self.model_concurrency, gpus, batch_size), device
+        return StageSpec(self.cpu_concurrency, self.concurrency, gpus, batch_size), device
 
     def registered_model(self, kind: str) -> str:
         return f"{self.registered_prefix}-{kind}"

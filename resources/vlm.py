@@ -14,7 +14,7 @@ from typing import Any
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from video_assets.core.inference.vllm import VllmSettings, with_overrides
+from video_assets.core.inference.vllm import CAPTION_VLLM, VllmSettings, vllm_settings
 from video_assets.core.models.tiny_vlm import TINY_MODEL_NAME
 
 # Built locally; random weights, nonsense captions.
@@ -34,9 +34,9 @@ class VlmSettings(ConfigurableResource):
     cache_dir: str = Field(description="Where models are built, downloaded and unpacked")
     device: str = Field(default="auto", description="transformers device: auto | cpu | cuda")
     cpu_concurrency: int = Field(default=2, ge=1, description="Parallel decode+sample tasks (1 CPU each)")
-    vlm_concurrency: int = Field(default=1, ge=1, description="VLM actors (each holds one engine)")
-    vlm_batch_size: int = Field(default=4, ge=1, description="Segments per generate call")
-    vlm_num_gpus: float | None = Field(
+    concurrency: int = Field(default=1, ge=1, description="Model actors, each holding one engine (vLLM: replicas)")
+    batch_size: int = Field(default=4, ge=1, description="transformers: segments per generate call")
+    num_gpus: float | None = Field(
         default=None,
         ge=0,
         description="GPUs each transformers actor reserves in Ray; unset: 1 when the cluster has GPUs and "
@@ -45,8 +45,8 @@ class VlmSettings(ConfigurableResource):
     decode_resources: dict[str, float] = Field(
         default={}, description="Ray custom resources each decode task requires (pins decoding to some nodes)"
     )
-    vlm_resources: dict[str, float] = Field(
-        default={}, description="Ray custom resources each VLM actor requires (pins the engines to some nodes)"
+    model_resources: dict[str, float] = Field(
+        default={}, description="Ray custom resources each model actor requires (pins the engines to some nodes)"
     )
     max_new_tokens: int = Field(default=128, ge=1)
     warm_engine_idle_s: float = Field(
@@ -55,51 +55,17 @@ class VlmSettings(ConfigurableResource):
         description="On a Ray cluster that outlives the step (RAY_ADDRESS, or `video-assets ray up`): transformers "
         "engines stay loaded for later batches until idle this long (0: a fresh pool per job)",
     )
-    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor parallel size")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_num_seqs: int = Field(default=64, ge=1)
-    max_model_len: int = Field(default=32768, ge=256)
-    vllm_batch_size: int = Field(
-        default=64,
-        ge=1,
-        description="vLLM: segments per Ray Data batch sent to an engine (enough to fill max_num_seqs)",
-    )
-    limit_mm_per_prompt: dict[str, int] = Field(
-        default={"video": 1, "image": 0}, description="vLLM: multimodal items reserved per prompt"
-    )
-    max_video_frames: int = Field(
-        default=32, ge=1, description="vLLM: frames its video loader keeps per video; more are refused, not dropped"
-    )
-    accelerator_type: str | None = Field(default=None, description='vLLM: Ray accelerator type, e.g. "H100"')
-    vllm_cpu_stage_max_actors: int = Field(
-        default=4,
-        ge=1,
-        description="vLLM: each of Ray's CPU stages (chat template, video parsing) autoscales from 1 to this many actors",
-    )
-
-    vllm_overrides: dict[str, Any] = Field(
+    vllm: dict[str, Any] = Field(
         default={},
-        description="vLLM: any other engine setting (video_assets.core.inference.vllm.VllmSettings), e.g. "
-        'placement_group_config={"bundles": [{"CPU": 1}]} for vLLM\'s CPU build; wins over the fields above',
+        description="vLLM engine settings over the captioning defaults: any field of the `vllm` table "
+        '(docs/configuration.md), e.g. {"tensor_parallel_size": 2, "accelerator_type": "H100"}; a misspelt '
+        "name is an error",
     )
 
     def vllm_settings(self, model_path: str) -> VllmSettings:
         """The vLLM engine settings of the captioning stage, for the model downloaded to ``model_path``."""
-        settings = dict(
-            model_source=model_path,
-            tensor_parallel_size=self.tensor_parallel_size,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_num_seqs=self.max_num_seqs,
-            max_model_len=self.max_model_len,
-            concurrency=self.vlm_concurrency,
-            batch_size=self.vllm_batch_size,
-            max_new_tokens=self.max_new_tokens,
-            limit_mm_per_prompt=self.limit_mm_per_prompt,
-            max_video_frames=self.max_video_frames,
-            accelerator_type=self.accelerator_type,
-            cpu_stage_max_actors=self.vllm_cpu_stage_max_actors,
-        )
-        return with_overrides(settings, self.vllm_overrides)
+        shared = dict(concurrency=self.concurrency, max_new_tokens=self.max_new_tokens)
+        return vllm_settings(model_path, {**CAPTION_VLLM, **shared}, self.vllm)
 
     @property
     def is_tiny(self) -> bool:

@@ -288,7 +288,34 @@ def _resources_section() -> list[str]:
             if doc := _first_paragraph(cls.__doc__) if "__doc__" in vars(cls) else "":
                 lines += [_relative(doc), ""]
             lines += [*_fields_table(cls), ""]
-    return lines
+    return lines + _vllm_section()
+
+
+def _vllm_section() -> list[str]:
+    """The nested ``vllm`` setting: ``VllmSettings``' fields with each stage's defaults over them."""
+    from video_assets.core.inference import vllm
+
+    stages = {"captioning": vllm.CAPTION_VLLM, "structuring": vllm.STRUCTURING_VLLM}
+    lines = [
+        f"### `vllm` (the `vlm` and `structurer` resources' `vllm` setting; `{_repo_path(vllm.__file__)}`)",
+        "",
+        "A mapping of any of these fields; each stage starts from its own defaults (the columns) and the",
+        "user's mapping wins. `model_source` is the stage's model, `concurrency` and `max_new_tokens` the",
+        "resource's own fields; a misspelt name is an error before the job starts.",
+        "",
+        "| field | type | " + " | ".join(f"{name} default" for name in stages) + " | description |",
+        "|---|---|" + "---|" * len(stages) + "---|",
+    ]
+    for name, field in vllm.VllmSettings.model_fields.items():
+        if name == "model_source":
+            continue
+        base = _default(field)
+        cells = [_code(_cell(_relative(repr(stage[name])) if name in stage else base)) for stage in stages.values()]
+        lines.append(
+            f"| `{name}` | {_code(_cell(_type_name(field.annotation)))} | {' | '.join(cells)} | "
+            f"{_cell(field.description or '')} |"
+        )
+    return [*lines, ""]
 
 
 def _run_config_section() -> list[str]:

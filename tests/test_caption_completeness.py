@@ -65,7 +65,7 @@ def test_a_crash_between_merges_then_a_rerun_leaves_every_video_whole(
         "mlflow_registry": MlflowRegistry(
             tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
         ),
-        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=4, vlm_batch_size=4),
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=4, batch_size=4),
         **session_ray,  # the session's Ray, joined
     }
     [key] = register_new_files(res["volume"], tables).batches
@@ -141,7 +141,7 @@ def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, 
         job.sample_video = sample_then_die_once
 
     tables = DeltaTables(root_uri=str(tmp_path / "tables"))
-    vlm = VlmSettings(cache_dir=str(tmp_path), engine="transformers", max_new_tokens=4, vlm_batch_size=4)
+    vlm = VlmSettings(cache_dir=str(tmp_path), engine="transformers", max_new_tokens=4, batch_size=4)
     sampling = SamplingConfig(min_frames=2, max_frames=3, segment_s=2.0)
     spec = runner.job_spec(sampling, vlm, "transformers", ModelFiles(str(tiny_model)), "Describe.")
     spec = replace(spec, cpu_concurrency=1)

@@ -31,7 +31,7 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
             tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
         ),
         # The engine is pinned: "auto" would pick vLLM on a machine with a GPU and vLLM.
-        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=12, vlm_batch_size=2),
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=12, batch_size=2),
         "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
     }
     plan = register_new_files(res["volume"], res["tables"])

@@ -186,7 +186,7 @@ def test_frames_asset_for_a_batch_and_the_training_export(
         "mlflow_registry": MlflowRegistry(
             tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
         ),
-        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=8, vlm_batch_size=4),
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=8, batch_size=4),
         "curation": store,
         **session_ray,  # the session's Ray, joined
     }

@@ -55,7 +55,7 @@ def _resources(base, tmp_path, model_source=None, cache=None, **structurer):
         "vlm": VlmSettings(
             cache_dir=str(cache),
             max_new_tokens=8,
-            vlm_batch_size=2,
+            batch_size=2,
             **({"model_source": model_source} if model_source else {}),
         ),
         "structurer": StructurerSettings(device="cpu", **structurer),

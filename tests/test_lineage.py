@@ -30,7 +30,7 @@ def _resources(base, tmp_path, cache):
         "mlflow_registry": MlflowRegistry(
             tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
         ),
-        "vlm": VlmSettings(cache_dir=str(cache), max_new_tokens=8, vlm_batch_size=2),
+        "vlm": VlmSettings(cache_dir=str(cache), max_new_tokens=8, batch_size=2),
         "structurer": StructurerSettings(device="cpu"),
         "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
         "ray_on_demand": EmbeddedRay(ray_init_options={"include_dashboard": False}, lifecycle=Lifecycle(connect=False)),

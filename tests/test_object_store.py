@@ -236,7 +236,7 @@ def test_the_whole_graph_on_s3_and_an_mlflow_server(bucket, mlflow_server, insta
             cache_dir=str(tmp_path / "cache"),
             engine="transformers",
             max_new_tokens=8,
-            vlm_batch_size=2,
+            batch_size=2,
         ),
         "structurer": StructurerSettings(device="cpu"),
         "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),

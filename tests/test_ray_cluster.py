@@ -137,9 +137,9 @@ def test_captions_run_on_both_nodes_with_shipped_code(
             cache_dir=str(tiny_model_cache),
             engine="transformers",
             max_new_tokens=6,
-            vlm_batch_size=2,
+            batch_size=2,
             decode_resources={"video_worker": 1},
-            vlm_resources={"head_node": 1},
+            model_resources={"head_node": 1},
         ),
         "ray_cluster": EmbeddedRay(ray_init_options=init),
     }

@@ -26,15 +26,27 @@ def test_default_batches_can_fill_the_engine():
 def test_caption_settings_reach_the_processor():
     vlm = VlmSettings(
         cache_dir="/tmp",
-        accelerator_type="H100",
-        limit_mm_per_prompt={"video": 2, "image": 0},
-        max_model_len=16384,
-        tensor_parallel_size=2,
+        concurrency=3,
+        vllm={
+            "accelerator_type": "H100",
+            "limit_mm_per_prompt": {"video": 2, "image": 0},
+            "max_model_len": 16384,
+            "tensor_parallel_size": 2,
+        },
     )
     cfg = processor_config(vlm.vllm_settings("/models/qwen"), multimodal=True)
     assert cfg.accelerator_type == "H100"
     assert cfg.engine_kwargs["limit_mm_per_prompt"] == {"video": 2, "image": 0}
     assert cfg.engine_kwargs["max_model_len"] == 16384 and cfg.engine_kwargs["tensor_parallel_size"] == 2
+    assert cfg.concurrency == 3  # the shared concurrency field is the number of vLLM engines
+
+
+def test_each_stage_has_its_own_defaults_under_the_users_settings():
+    caption, text = VlmSettings(cache_dir="/tmp").vllm_settings("m"), StructurerSettings().vllm_settings("m")
+    assert (caption.max_model_len, text.max_model_len) == (32768, 8192)
+    assert (caption.max_new_tokens, text.max_new_tokens) == (128, 1024)  # each resource's own cap
+    mine = StructurerSettings(vllm={"max_model_len": 4096, "batch_size": 8}).vllm_settings("m")
+    assert (mine.max_model_len, mine.batch_size, mine.model_source) == (4096, 8, "m")
 
 
 def test_cpu_stages_scale_beyond_one_actor():
@@ -48,7 +60,7 @@ def test_cpu_stages_scale_beyond_one_actor():
         "detokenize_stage": stage_configs.DetokenizeStageConfig,
     }
 
-    caption = processor_config(VlmSettings(cache_dir="/tmp", vllm_cpu_stage_max_actors=6).vllm_settings("m"))
+    caption = processor_config(VlmSettings(cache_dir="/tmp", vllm={"cpu_stage_max_actors": 6}).vllm_settings("m"))
     text = processor_config(StructurerSettings().vllm_settings("m"), multimodal=False)
     for cfg, stages in (
         (caption, ("chat_template_stage", "prepare_multimodal_stage")),
@@ -79,19 +91,19 @@ def test_gpu_defaults_and_the_cpu_build_settings_reach_the_processor():
 
 
 def test_any_engine_setting_can_be_overridden_and_typos_are_refused():
-    vlm = VlmSettings(cache_dir="/tmp", vllm_overrides={"placement_group_config": {"bundles": [{"CPU": 1}]}})
+    vlm = VlmSettings(cache_dir="/tmp", vllm={"placement_group_config": {"bundles": [{"CPU": 1}]}})
     assert vlm.vllm_settings("m").placement_group_config == {"bundles": [{"CPU": 1}]}
-    text = StructurerSettings(vllm_overrides={"max_num_seqs": 8}).vllm_settings("m")
+    text = StructurerSettings(vllm={"max_num_seqs": 8}).vllm_settings("m")
     assert text.max_num_seqs == 8
-    bad = VlmSettings(cache_dir="/tmp", vllm_overrides={"max_num_seq": 8})
-    with pytest.raises(Failure, match="vllm_overrides: .*max_num_seq"):
+    bad = VlmSettings(cache_dir="/tmp", vllm={"max_num_seq": 8})
+    with pytest.raises(Failure, match="vllm: .*max_num_seq"):
         job_spec(SamplingConfig(), bad, "vllm", ModelFiles("/m"), "describe")
 
 
 def test_more_frames_than_the_video_loader_keeps_is_refused():
     vlm = VlmSettings(cache_dir="/tmp")
-    ok = job_spec(SamplingConfig(max_frames=vlm.max_video_frames), vlm, "vllm", ModelFiles("/m"), "describe")
-    assert ok.vllm["max_video_frames"] == vlm.max_video_frames
+    ok = job_spec(SamplingConfig(max_frames=32), vlm, "vllm", ModelFiles("/m"), "describe")
+    assert ok.vllm["max_video_frames"] == 32
     with pytest.raises(Failure, match="max_frames=40 exceeds the 32 frames"):
         job_spec(SamplingConfig(max_frames=40), vlm, "vllm", ModelFiles("/m"), "describe")
     # The transformers engine has no such loader: the same plan is fine there.

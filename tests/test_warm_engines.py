@@ -39,7 +39,7 @@ def _engine(name):
 
 @pytest.mark.slow
 def test_the_next_batch_reuses_the_loaded_engine_and_idle_engines_exit(local_ray, tiny_model):
-    vlm = VlmSettings(cache_dir="/tmp", engine="transformers", max_new_tokens=4, vlm_batch_size=4)
+    vlm = VlmSettings(cache_dir="/tmp", engine="transformers", max_new_tokens=4, batch_size=4)
     spec = job_spec(
         SamplingConfig(min_frames=2, max_frames=3), vlm, "transformers", ModelFiles(str(tiny_model)), "Describe."
     )
@@ -76,7 +76,7 @@ def test_a_new_model_stops_an_idle_engine_that_would_leave_no_cpu_for_decoding(l
     eviction no decode task could start until the old engine expired (10 minutes here)."""
     import threading
 
-    vlm = VlmSettings(cache_dir="/tmp", engine="transformers", max_new_tokens=4, vlm_batch_size=4)
+    vlm = VlmSettings(cache_dir="/tmp", engine="transformers", max_new_tokens=4, batch_size=4)
     spec = job_spec(
         SamplingConfig(min_frames=2, max_frames=3), vlm, "transformers", ModelFiles(str(tiny_model)), "Describe."
     )
@@ -102,7 +102,7 @@ def test_an_engine_that_dies_under_a_batch_is_started_again_and_nothing_is_lost(
     """The job's driver hands batches to the warm engine (two queued): killing the engine mid-job
     fails the batches it held; they go to a new engine, and every segment comes back once, ok."""
     # Long generations: the batch queued behind the first one is still at the engine when it is killed.
-    vlm = VlmSettings(cache_dir="/tmp", engine="transformers", max_new_tokens=64, vlm_batch_size=1)
+    vlm = VlmSettings(cache_dir="/tmp", engine="transformers", max_new_tokens=64, batch_size=1)
     spec = job_spec(
         SamplingConfig(min_frames=2, max_frames=3), vlm, "transformers", ModelFiles(str(tiny_model)), "Describe."
     )

@@ -50,8 +50,8 @@ def actor_gpus(vlm: VlmSettings, engine: str) -> float:
     """GPUs a transformers actor reserves, so Ray counts what it uses (vLLM places its own engines)."""
     if engine != "transformers":
         return 0.0
-    if vlm.vlm_num_gpus is not None:
-        return vlm.vlm_num_gpus
+    if vlm.num_gpus is not None:
+        return vlm.num_gpus
     return 1.0 if vlm.device != "cpu" and (cluster_gpus() or 0) > 0 else 0.0
 
 
@@ -101,15 +101,15 @@ def job_spec(
             engine,
             model,
             vlm.device,
-            vlm.vlm_batch_size,
+            vlm.batch_size,
             vlm.max_new_tokens,
         ),
         prompt=prompt_template,
         cpu_concurrency=vlm.cpu_concurrency,
-        vlm_concurrency=vlm.vlm_concurrency,
+        vlm_concurrency=vlm.concurrency,
         vlm_num_gpus=actor_gpus(vlm, engine),
         cpu_resources=dict(vlm.decode_resources),
-        vlm_resources=dict(vlm.vlm_resources),
+        vlm_resources=dict(vlm.model_resources),
         vllm=vllm_settings.model_dump(),
         warm_idle_s=vlm.warm_engine_idle_s if engine == "transformers" and ray_outlives_steps() else 0.0,
     )

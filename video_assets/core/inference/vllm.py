@@ -20,24 +20,32 @@ class VllmSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt override is an error, not a silent default
 
     model_source: str
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_num_seqs: int = Field(default=64, ge=1)
-    max_model_len: int = Field(default=32768, ge=256)
-    limit_mm_per_prompt: dict[str, int] = Field(default_factory=lambda: {"video": 1, "image": 0})
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per engine")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="Share of each GPU's memory vLLM takes")
+    max_num_seqs: int = Field(default=64, ge=1, description="Requests an engine runs at once")
+    max_model_len: int = Field(default=32768, ge=256, description="Context length (prompt, frames and output)")
+    limit_mm_per_prompt: dict[str, int] = Field(
+        default_factory=lambda: {"video": 1, "image": 0}, description="Multimodal items reserved per prompt"
+    )
     # vLLM 0.29's video loader keeps at most this many frames of a video (its default 32) and drops the
     # rest silently: requests with more are refused before they reach it (``check_frames``).
-    max_video_frames: int = Field(default=32, ge=1)
-    concurrency: int = Field(default=1, ge=1, description="vLLM engine replicas (each tensor_parallel_size GPUs)")
+    max_video_frames: int = Field(
+        default=32, ge=1, description="Frames vLLM's video loader keeps per video; a plan with more is refused"
+    )
+    concurrency: int = Field(
+        default=1, ge=1, description="Engine replicas (each tensor_parallel_size GPUs); the resource's `concurrency`"
+    )
     batch_size: int = Field(default=16, ge=1, description="Rows per Ray Data batch sent to an engine")
     # Ray's CPU stages (chat template, multimodal parsing, tokenize/detokenize) default to the engines'
     # concurrency, i.e. one actor each: too few to keep an engine fed with video requests.
     cpu_stage_max_actors: int = Field(
         default=4, ge=1, description="Each of Ray's CPU stages autoscales from 1 to this many actors"
     )
-    max_new_tokens: int = Field(default=256, ge=1, description="Ceiling on max_tokens per request")
+    max_new_tokens: int = Field(
+        default=256, ge=1, description="Ceiling on max_tokens per request; the resource's `max_new_tokens`"
+    )
     accelerator_type: str | None = Field(default=None, description='e.g. "H100"; None lets Ray place anywhere')
-    dtype: str = "auto"
+    dtype: str = Field(default="auto", description="Weights' dtype (auto: the checkpoint's)")
     jpeg_quality: int = Field(default=90, ge=1, le=100, description="Frames cross Ray as JPEG at this quality")
     should_continue_on_error: bool = Field(default=True, description="A failed row gets an error, not a failed job")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args (override)")
@@ -53,16 +61,22 @@ class VllmSettings(BaseModel):
     )
 
 
-def with_overrides(settings: dict[str, Any], overrides: dict[str, Any]) -> VllmSettings:
-    """``VllmSettings`` from a resource's fields and its ``vllm_overrides``; a bad override is a
-    ValueError naming it."""
+# Each stage's engine settings where they differ from VllmSettings' defaults: a batch per engine call
+# large enough to fill max_num_seqs, and a text model's shorter context.
+CAPTION_VLLM: dict[str, Any] = {"batch_size": 64}
+STRUCTURING_VLLM: dict[str, Any] = {"batch_size": 64, "max_model_len": 8192}
+
+
+def vllm_settings(model_source: str, stage: dict[str, Any], user: dict[str, Any]) -> VllmSettings:
+    """``VllmSettings`` of one stage: its defaults, then the user's ``vllm`` setting; a bad name or
+    value is a ValueError naming it."""
     from pydantic import ValidationError
 
     try:
-        return VllmSettings(**{**settings, **overrides})
+        return VllmSettings(**{**stage, **user, "model_source": model_source})
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"vllm_overrides: {problems}") from exc
+        raise ValueError(f"vllm: {problems}") from exc
 
 
 def engine_kwargs(settings: VllmSettings, multimodal: bool = True) -> dict[str, Any]:

@@ -80,7 +80,7 @@ def frames(
     engine, extra = None, {"image_store": config.image_store}
     if config.describe:
         model, model_version = model_files_of(mlflow_registry, vlm, pair.model_version), pair.model_version
-        engine = EngineSpec("transformers", model, vlm.device, vlm.vlm_batch_size, vlm.max_new_tokens)
+        engine = EngineSpec("transformers", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
         extra |= {"describe_prompt": prompt, "describer": f"{vlm.registered_model}/{model_version}"}
     version = cfg.version(**extra)
 
@@ -99,7 +99,7 @@ def frames(
         f"curated, {skipped} without captioned frames"
     )
     gpus = actor_gpus(vlm, "transformers") if engine is not None else 0.0
-    spec = StageSpec(vlm.cpu_concurrency, vlm.vlm_concurrency, gpus, vlm.vlm_batch_size)
+    spec = StageSpec(vlm.cpu_concurrency, vlm.concurrency, gpus, vlm.batch_size)
     expected = {v["video_id"]: sum(len(ts) for ts in json.loads(v["times"]).values()) for v in todo}
     started, written, n_frames = time.perf_counter(), 0, 0
     open_video: dict[str, list[dict]] = {}
