@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import polars as pl
@@ -12,11 +11,25 @@ from dagster import ConfigurableResource, InitResourceContext
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pydantic import Field
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
 from resources.lifetime import exit_with_run_process
 from video_assets.core.tables import BATCH_SCOPED
 
 COMMIT_RETRIES = 5  # concurrent runs of different batches may race on a commit; delta-rs reports it
+
+
+def _commit_attempts() -> Retrying:
+    """Attempts of one commit: a CommitFailedError (another writer committed first) is retried with a
+    growing pause, up to COMMIT_RETRIES times; then it is raised as it is."""
+    return Retrying(
+        retry=retry_if_exception_type(CommitFailedError),
+        stop=stop_after_attempt(COMMIT_RETRIES),
+        wait=wait_incrementing(start=0.5, increment=0.5),
+        reraise=True,
+    )
+
+
 # Delta's default deletedFileRetentionDuration (a week): the shortest vacuum retention allowed by default.
 MIN_RETENTION_HOURS = 168
 
@@ -138,19 +151,15 @@ class DeltaTables(ConfigurableResource):
             # a batch's merge costs the same in a year-old archive as in a new one.
             batches = sorted(set(rows.column("batch_key").to_pylist()))
             predicate = f"t.batch_key IN ({', '.join(sql_literal(b) for b in batches)}) AND {predicate}"
-        for attempt in range(COMMIT_RETRIES):
-            try:
+        for attempt in _commit_attempts():
+            with attempt:  # each attempt merges against the table as it is now
                 table = DeltaTable(uri, storage_options=self._options())
                 merger = table.merge(rows, predicate=predicate, source_alias="s", target_alias="t", merge_schema=True)
                 if update:
                     updates = {c: f"s.{c}" for c in rows.column_names if c not in keep}
                     merger = merger.when_matched_update(updates=updates, predicate=update_predicate)
-                return merger.when_not_matched_insert_all().execute()
-            except CommitFailedError:
-                if attempt == COMMIT_RETRIES - 1:
-                    raise
-                time.sleep(0.5 * (attempt + 1))
-        raise AssertionError("unreachable")
+                result = merger.when_not_matched_insert_all().execute()
+        return result
 
     def replace(self, name: str, rows: pa.Table, column: str, values: list[str]) -> dict:
         """Replace the rows whose ``column`` is one of ``values`` (e.g. one batch's) with ``rows``, in one
@@ -173,15 +182,10 @@ class DeltaTables(ConfigurableResource):
         uri = self.table_uri(name)
         if self.exists(name):
             self._add_missing_columns(name, rows.schema)
-        for attempt in range(COMMIT_RETRIES):
-            try:
+        for attempt in _commit_attempts():
+            with attempt:
                 write_deltalake(uri, rows, mode="overwrite", predicate=predicate, storage_options=self._options())
-                return {"num_target_rows_inserted": rows.num_rows}
-            except CommitFailedError:
-                if attempt == COMMIT_RETRIES - 1:
-                    raise
-                time.sleep(0.5 * (attempt + 1))
-        raise AssertionError("unreachable")
+        return {"num_target_rows_inserted": rows.num_rows}
 
     def _add_missing_columns(self, name: str, schema: pa.Schema) -> None:
         """Tables made before a column existed get it (nullable), so new rows can be written."""

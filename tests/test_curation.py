@@ -172,8 +172,7 @@ def test_frames_asset_for_a_batch_and_the_training_export(
     from video_assets.core.curation.export import export_frames, read_export
     from video_assets.defs.captioning.assets import captions
     from video_assets.defs.curation import curation_checks
-    from video_assets.defs.curation.assets import frames
-    from video_assets.defs.curation.jobs import export_training_frames
+    from video_assets.defs.curation.assets import frames, training_export
     from video_assets.defs.ingest.assets import raw_videos, video_metadata
     from video_assets.defs.ingest.registration import register_new_files
     from video_assets.defs.models.assets import caption_prompt, vlm_model
@@ -239,12 +238,16 @@ def test_frames_asset_for_a_batch_and_the_training_export(
     assert tables.version("frames") == version and again["videos_curated"].value == 0
 
     # The export from that table version: shards and manifest, matching the table.
-    result = export_training_frames.execute_in_process(
+    result = materialize(
+        [training_export],
         instance=instance,
         resources={"tables": tables, "curation": store},
-        run_config={"ops": {"export_training_frames_op": {"config": {"shard_rows": 2}}}},
+        run_config={"ops": {"training_export": {"config": {"shard_rows": 2}}}},
     )
     assert result.success
+    [export] = result.asset_materializations_for_node("training_export")
+    assert export.metadata["table_version"].value == version and export.metadata["rows"].value == kept.height
+
     out = tmp_path / "exports" / f"frames-v{version}"
     manifest, shards = read_export(out)
     assert manifest["table_version"] == version and manifest["rows"] == kept.height

@@ -76,3 +76,25 @@ def test_golden_set_rematerialised_is_one_commit_with_the_same_rows(instance, tm
     assert materialize([golden_set], instance=instance, resources={"tables": tables}).success
     assert tables.version(GOLDEN_SET) == version + 1
     assert tables.read(GOLDEN_SET).sort("use_case", "video_id").equals(first)
+
+
+def test_writers_racing_on_one_table_all_land(tmp_path):
+    """Batches written at the same moment by several runs: a commit another writer raced is retried
+    against the table as it is then, so every batch's rows land (merges and replaces alike)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    tables = DeltaTables(root_uri=str(tmp_path))
+    tables.merge(RAW_VIDEOS, _rows("b0", ["seed"]), keys=["video_id"])
+    batches = [f"b{i}" for i in range(1, 5)]
+    start = Barrier(len(batches))
+
+    def write(batch: str) -> None:
+        start.wait()  # all commit against the same table version
+        tables.merge(RAW_VIDEOS, _rows(batch, [f"{batch}-m"]), keys=["video_id"])
+        tables.replace(RAW_VIDEOS, _rows(batch, [f"{batch}-r1", f"{batch}-r2"]), "batch_key", [batch])
+
+    with ThreadPoolExecutor(len(batches)) as pool:
+        list(pool.map(write, batches))
+    got = pl.read_delta(tables.table_uri(RAW_VIDEOS))
+    assert sorted(got["video_id"]) == sorted(["seed"] + [f"{b}-r{i}" for b in batches for i in (1, 2)])

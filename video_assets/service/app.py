@@ -15,6 +15,7 @@ Videos are only ever looked up by id in ``raw_videos``: no path comes from a req
 from __future__ import annotations
 
 import io
+import mimetypes
 import re
 from email.parser import BytesParser
 from email.policy import HTTP
@@ -95,8 +96,8 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
     @api.get("/search", summary="Hybrid lexical + semantic search (weighted reciprocal rank fusion)")
     def search(
         q: str = Query(..., description="the query"),
-        k: int = Query(10, description=f"hits per page, 1..{MAX_K}"),
-        offset: int = Query(0, description=f"hits to skip (offset + k <= {DEPTH})"),
+        k: int = Query(10, ge=1, le=MAX_K, description="hits per page"),
+        offset: int = Query(0, ge=0, description=f"hits to skip (offset + k <= {DEPTH})"),
         sources: str = Query("transcript,caption", description=f"comma-separated, of {', '.join(SOURCES)}"),
         w_lexical: float | None = Query(None, description="weight of the BM25 ranking (default 1)"),
         w_semantic: float | None = Query(None, description="weight of the vector ranking (default 1)"),
@@ -104,10 +105,8 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
     ) -> dict:
         if not q.strip():
             raise HTTPException(422, "q is empty")
-        if not 1 <= k <= MAX_K:
-            raise HTTPException(422, f"k must be between 1 and {MAX_K}")
-        if offset < 0 or offset + k > DEPTH:
-            raise HTTPException(422, f"offset must be >= 0 and offset + k <= {DEPTH}")
+        if offset + k > DEPTH:
+            raise HTTPException(422, f"offset + k must be <= {DEPTH}")
         wanted = tuple(s.strip() for s in sources.split(",") if s.strip())
         unknown = [s for s in wanted if s not in SOURCES]
         if unknown or not wanted:
@@ -130,16 +129,12 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
         return _hits(searcher.search_window(video_id, start_s, end_s))
 
     @api.get("/frames/similar", summary="Frames nearest to a stored frame (the one nearest t)")
-    def similar(video_id: str, t: float = 0.0, k: int = 10) -> dict:
-        if not 1 <= k <= MAX_K:
-            raise HTTPException(422, f"k must be between 1 and {MAX_K}")
+    def similar(video_id: str, t: float = 0.0, k: int = Query(10, ge=1, le=MAX_K)) -> dict:
         known(video_id)
         return _hits(searcher.similar_frames(video_id, t, k))
 
     @api.post("/frames/similar", summary="Frames nearest to an uploaded image (multipart field 'image', or raw)")
-    async def similar_image(request: Request, k: int = 10) -> dict:
-        if not 1 <= k <= MAX_K:
-            raise HTTPException(422, f"k must be between 1 and {MAX_K}")
+    async def similar_image(request: Request, k: int = Query(10, ge=1, le=MAX_K)) -> dict:
         body = await request.body()
         if len(body) > MAX_UPLOAD_BYTES:
             raise HTTPException(413, f"image over {MAX_UPLOAD_BYTES} bytes")
@@ -158,16 +153,12 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
     def events(
         use_case: str | None = None,
         verdict: str | None = None,
-        min_confidence: float | None = None,
+        min_confidence: float | None = Query(None, ge=0, le=1),
         after_s: float | None = None,
         before_s: float | None = None,
         video_id: str | None = None,
-        k: int = 50,
+        k: int = Query(50, ge=1, le=1000),
     ) -> dict:
-        if not 1 <= k <= 1000:
-            raise HTTPException(422, "k must be between 1 and 1000")
-        if min_confidence is not None and not 0 <= min_confidence <= 1:
-            raise HTTPException(422, "min_confidence must be within 0..1")
         if after_s is not None and before_s is not None and before_s < after_s:
             raise HTTPException(422, "before_s is before after_s")
         found = searcher.events(use_case, verdict, min_confidence, after_s, before_s, k, video_id=video_id)
@@ -186,10 +177,8 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
             return frame_jpeg(stream, t_ms / 1000.0, THUMB_WIDTH)
 
     @api.get("/videos/{video_id}/thumbnail", summary="JPEG of the frame at t (seconds)")
-    def thumbnail(video_id: str, t: float = 0.0) -> Response:
+    def thumbnail(video_id: str, t: float = Query(0.0, ge=0)) -> Response:
         registered(video_id)
-        if t < 0:
-            raise HTTPException(422, "t must be >= 0")
         try:
             data = thumbnail_bytes(video_id, int(round(t * 1000 / 100)) * 100)  # cached per 0.1 s
         except (OSError, ValueError) as exc:
@@ -201,7 +190,7 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
         uri = registered(video_id)
         stream = open_video(uri)
         size = stream.seek(0, io.SEEK_END)
-        media = _media_type(uri)
+        media = mimetypes.guess_type(uri)[0] or "application/octet-stream"
         headers = {"Accept-Ranges": "bytes"}
         rng = request.headers.get("range")
         start, end, status = 0, size - 1, 200
@@ -268,17 +257,3 @@ def _uploaded_image(content_type: str, body: bytes) -> bytes:
         if data:
             return data
     raise HTTPException(422, "no 'image' file in the multipart upload")
-
-
-def _media_type(uri: str) -> str:
-    ext = uri.rsplit(".", 1)[-1].lower()
-    return {
-        "mp4": "video/mp4",
-        "m4v": "video/mp4",
-        "mov": "video/quicktime",
-        "webm": "video/webm",
-        "mkv": "video/x-matroska",
-        "avi": "video/x-msvideo",
-        "mpg": "video/mpeg",
-        "mpeg": "video/mpeg",
-    }.get(ext, "application/octet-stream")

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, MaterializeResult, MetadataValue
+from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -24,6 +24,7 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec
 from video_assets.core.captioning.versions import caption_frames
+from video_assets.core.curation.export import export_frames
 from video_assets.core.curation.job import DEFAULT_DESCRIBE_PROMPT, curated_rows, decode_image
 from video_assets.core.curation.quality import CurationConfig
 from video_assets.core.inference.stages import StageSpec, one_per
@@ -31,7 +32,7 @@ from video_assets.core.structuring.usecase import load as load_use_case
 from video_assets.core.tables import CURATED_FRAMES, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CURATION_ERROR
-from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, stage_asset, table_metadata
 from video_assets.defs.engines import actor_gpus, model_files_of
 from video_assets.defs.lineage import lineage_captions
 
@@ -195,3 +196,51 @@ def _sheet(videos: list[tuple[str, list[dict]]]) -> dict:
     if not rows:
         return {}
     return {"contact_sheet": MetadataValue.md(markdown_image(contact_sheet(rows), "kept (green) and dropped frames"))}
+
+
+# --- training_export: the kept frames, their descriptions and image bytes as Parquet shards with a
+# manifest, read from one version of the frames table (reproducible: export the same version again).
+# Downstream of every batch of frames, materialised on demand (the export_training_frames job), so the
+# UI shows which frames version each export was made from.
+
+
+class ExportConfig(Config):
+    table_version: int | None = Field(default=None, description="Delta version of the frames table; None: latest")
+    curation_version: str | None = Field(default=None, description="Only rows of this curation_version; None: all")
+    name: str | None = Field(
+        default=None, description="Sub-folder of the exports folder; None: frames-v<table version>"
+    )
+    shard_rows: int = Field(default=1000, ge=1, description="Rows per Parquet shard")
+
+
+@asset(
+    deps=["frames"],
+    description="The kept frames of one frames table version as Parquet shards and a manifest",
+    **stage_asset("curation", kinds=("parquet",)),
+)
+def training_export(
+    context: AssetExecutionContext, config: ExportConfig, tables: DeltaTables, curation: CurationStore
+) -> MaterializeResult:
+    if not tables.exists(CURATED_FRAMES):
+        raise Failure("the frames table does not exist yet: materialise frames first", allow_retries=False)
+    version = config.table_version if config.table_version is not None else tables.version(CURATED_FRAMES)
+    name = config.name or f"frames-v{version}" + (f"-{config.curation_version}" if config.curation_version else "")
+    out = curation.export_path(name)
+    manifest = export_frames(
+        tables.table_uri(CURATED_FRAMES),
+        out,
+        version=version,
+        curation_version=config.curation_version,
+        shard_rows=config.shard_rows,
+        storage_options=tables.storage_options or None,
+    )
+    context.log.info(f"exported {manifest['rows']} frames of table version {version} to {out}")
+    return MaterializeResult(
+        metadata={
+            "path": MetadataValue.path(str(out)),
+            "table_version": MetadataValue.int(manifest["table_version"]),
+            "rows": MetadataValue.int(manifest["rows"]),
+            "shards": MetadataValue.int(len(manifest["shards"])),
+            "exported_at": MetadataValue.text(datetime.now(UTC).isoformat()),
+        }
+    )

@@ -10,10 +10,13 @@ forkserver_executor = multiprocess_executor.configured(
 
 # Every per-batch asset downstream of the registry; later stages join this selection by being
 # partitioned by video_batches and depending on it.
-# (Evaluation and promotion read every batch at once: they are not part of a batch's run.)
-per_batch_assets = AssetSelection.assets(
-    "raw_videos"
-).downstream().required_multi_asset_neighbors() - AssetSelection.groups("evaluation", "promotion")
+# (Evaluation, promotion and the training export read every batch at once: they are not part of a
+# batch's run.)
+per_batch_assets = (
+    AssetSelection.assets("raw_videos").downstream().required_multi_asset_neighbors()
+    - AssetSelection.groups("evaluation", "promotion")
+    - AssetSelection.assets("training_export")
+)
 
 batch_pipeline_job = define_asset_job(
     name="batch_pipeline",
