@@ -132,7 +132,7 @@ def stage_asset(stage: str, table: str | None = None, kinds: tuple[str, ...] = (
     return dict(
         group_name=stage,
         owners=OWNERS,
-        tags={"stage": stage},
+        tags={"stage": stage, **extra.pop("tags", {})},
         code_version=CODE_VERSIONS[stage],
         kinds={*kinds, *(("delta",) if table is not None else ())},
         metadata=metadata,
@@ -140,6 +140,8 @@ def stage_asset(stage: str, table: str | None = None, kinds: tuple[str, ...] = (
     )
 
 
+# The tag every per-batch asset carries (batch_asset sets it): the batch_pipeline job selects by it.
+PER_BATCH_TAG = ("partitions", "video_batches")
 # Per-batch assets take a backfill's range of batches in one run (one step per asset): the step's
 # resources (Ray, loaded models, the MLflow and Delta clients) start once, not once a batch.
 SINGLE_RUN = BackfillPolicy.single_run()
@@ -208,10 +210,13 @@ def batch_asset(stage: str, table: str | None = None, *, kinds: tuple[str, ...] 
             return asset(
                 partitions_def=video_batches,
                 backfill_policy=SINGLE_RUN,
-                **stage_asset(stage, table, kinds=kinds, **asset_kwargs),
+                **stage_asset(stage, table, kinds=kinds, tags=dict([PER_BATCH_TAG]), **asset_kwargs),
             )(step)
         return multi_asset(
-            specs=[s.replace_attributes(partitions_def=video_batches) for s in specs],
+            specs=[
+                s.replace_attributes(partitions_def=video_batches, tags={**s.tags, **dict([PER_BATCH_TAG])})
+                for s in specs
+            ],
             backfill_policy=SINGLE_RUN,
             name=body.__name__,
             **asset_kwargs,

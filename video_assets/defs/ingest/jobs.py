@@ -2,21 +2,17 @@
 
 from dagster import AssetSelection, define_asset_job, multiprocess_executor
 
+from video_assets.defs.common import PER_BATCH_TAG
+
 # Steps still run in their own processes (a model load or a crash stays inside its step), but forked
 # from a server that has already imported the code location: 6-10 s less per step.
 forkserver_executor = multiprocess_executor.configured(
     {"start_method": {"forkserver": {"preload_modules": ["video_assets.definitions"]}}}
 )
 
-# Every per-batch asset downstream of the registry; later stages join this selection by being
-# partitioned by video_batches and depending on it.
-# (Evaluation, promotion and the training export read every batch at once: they are not part of a
-# batch's run.)
-per_batch_assets = (
-    AssetSelection.assets("raw_videos").downstream().required_multi_asset_neighbors()
-    - AssetSelection.groups("evaluation", "promotion")
-    - AssetSelection.assets("training_export")
-)
+# Every per-batch asset: the ones batch_asset defines (partitioned by video_batches), found by the tag it
+# sets. (Evaluation, promotion and the training export read every batch at once: not part of a batch's run.)
+per_batch_assets = AssetSelection.tag(*PER_BATCH_TAG)
 
 batch_pipeline_job = define_asset_job(
     name="batch_pipeline",
