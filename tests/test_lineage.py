@@ -24,7 +24,7 @@ from video_assets.defs.structuring.assets import structured_events
 MODEL = "video-captioner"
 
 
-def _resources(base, tmp_path, cache):
+def _resources(base, session_ray, tmp_path, cache):
     return {
         **base,
         "mlflow_registry": MlflowRegistry(
@@ -32,8 +32,7 @@ def _resources(base, tmp_path, cache):
         ),
         "vlm": VlmSettings(cache_dir=str(cache), max_new_tokens=8, batch_size=2),
         "structurer": StructurerSettings(device="cpu"),
-        "ray_cluster": EmbeddedRay(ray_init_options={"include_dashboard": False, "num_cpus": 2}),
-        "ray_on_demand": EmbeddedRay(ray_init_options={"include_dashboard": False}, lifecycle=Lifecycle(connect=False)),
+        **session_ray,  # the session's Ray, joined
     }
 
 
@@ -47,9 +46,11 @@ def _new_production_version(tracking_uri: str) -> str:
 
 
 @pytest.mark.slow
-def test_production_moving_mid_run_does_not_mix_models(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+def test_production_moving_mid_run_does_not_mix_models(
+    instance, resources, session_ray, volume_dir, tiny_model_cache, tmp_path
+):
     copy_samples(volume_dir, ["bottle-detection.mp4", "asl_eat.mkv"])
-    res = _resources(resources, tmp_path, tiny_model_cache)
+    res = _resources(resources, session_ray, tmp_path, tiny_model_cache)
     [key] = register_new_files(res["volume"], res["tables"]).batches
     instance.add_dynamic_partitions(video_batches.name, [key])
     assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
