@@ -66,7 +66,6 @@ def test_production_moving_mid_run_does_not_mix_models(
         "captions_then_events",
         selection=["captions", "structured_events", "alerts", "review_queue"],
         hooks={move_production_after_captions},
-        partitions_def=video_batches,
     )
     defs = Definitions(
         assets=[raw_videos, video_metadata, vlm_model, caption_prompt, captions, structured_events, routed_events],
