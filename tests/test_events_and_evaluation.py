@@ -98,8 +98,8 @@ def test_every_caption_becomes_a_routed_scored_row(
     assert checks == {
         (t, c): True
         for t in ("structured_events", "alerts", "review_queue")
-        for c in ("unique_key", "required_columns")
-    } | {("structured_events", "structured_events_cover_captions"): True}
+        for c in ("unique_key", "required_columns", f"{t}_follow_captions")
+    }
     # Data versions name what a batch's rows derive from, so a new prompt or use case makes them stale.
     versions = {
         m.asset_key.to_user_string(): m.tags["dagster/data_version"]

@@ -50,34 +50,58 @@ def test_split_carries_evidence():
     assert evidence(row("possible", 0.5), None)["excerpt"] == ""
 
 
-def test_missing_structured_rows_finds_a_dropped_caption():
+def _caps(split: str, ends: list[float]):
+    """One video's caption rows under a split: a segment per end time."""
     import polars as pl
 
-    from video_assets.defs.structuring.checks import missing_structured_rows
-
-    caps = pl.DataFrame(
+    starts = [0.0, *ends[:-1]]
+    return pl.DataFrame(
         {
-            "video_id": ["a", "b", "c"],
-            "segment": [0, 0, 0],
-            "batch_key": ["b1"] * 3,
-            "model_version": ["1"] * 3,
-            "prompt_version": [1] * 3,
-        }
+            "video_id": "a",
+            "segment": list(range(len(ends))),
+            "batch_key": "b1",
+            "model_version": "1",
+            "prompt_version": 1,
+            "split": split,
+            "segment_start_s": starts,
+            "segment_end_s": ends,
+            "status": "ok",
+            "prose": [f"caption {i}" for i in range(len(ends))],
+        },
+        schema_overrides={"segment": pl.Int32, "prompt_version": pl.Int32},
     )
-    base = {
-        "segment": 0,
-        "batch_key": "b1",
-        "model_version": "1",
-        "prompt_version": 1,
-        "use_case_version": "x",
-        "structurer": "m/v1",
-    }
-    events = pl.DataFrame(
-        [
-            {**base, "video_id": v, "use_case": u}
-            for v, u in [("a", "oh"), ("b", "oh"), ("c", "oh"), ("a", "lp"), ("c", "lp")]
-        ]
+
+
+def test_a_new_split_makes_the_old_rows_stale_and_restructures_the_video():
+    """plan_structuring keys structured rows on their caption's digest: after a re-split every old row
+    is stale (even segment 0, same index, other window), every new caption is to do, and the checks
+    find the old rows without a caption and the new captions without rows until the plan is applied."""
+    import polars as pl
+
+    from video_assets.core.structuring.usecase import load
+    from video_assets.core.structuring.versions import captions_without_rows, plan_structuring, rows_without_caption
+    from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
+
+    uc = load("object_handling")
+    sid = "m/v1"
+    whole = _caps("segment_s=none", [9.6])
+    plan = plan_structuring(whole, pl.from_arrow(SCHEMAS[STRUCTURED_EVENTS].empty_table()), [uc], sid)
+    assert [c["segment"] for c in plan.todo[uc.name]] == [0] and plan.stale == 0 and plan.affected == ["a"]
+    done = pl.DataFrame(
+        [{**c, "use_case": uc.name, "use_case_version": uc.version, "structurer": sid} for c in plan.todo[uc.name]]
     )
-    missing = missing_structured_rows(caps, events)
-    assert missing.select("video_id", "use_case").rows() == [("b", "lp")]
-    assert missing_structured_rows(caps, events.filter(pl.col("use_case") == "oh")).is_empty()
+    assert plan_structuring(whole, done, [uc], sid).affected == []  # nothing changed: nothing to do
+    assert captions_without_rows(whole, done, {uc.name: uc.version}, sid).is_empty()
+
+    split = _caps("segment_s=3", [3.0, 6.0, 9.6])
+    again = plan_structuring(split, done, [uc], sid)
+    assert [c["segment"] for c in again.todo[uc.name]] == [0, 1, 2]
+    assert again.stale == 1 and again.affected == ["a"] and again.keep.is_empty()
+    assert rows_without_caption(done, split).height == 1  # the 0-9.6 s row describes no current caption
+    assert captions_without_rows(split, done, {uc.name: uc.version}, sid).height == 3
+    # A recaption that says the same over the same windows keeps its digests: nothing to redo.
+    assert plan_structuring(whole.with_columns(captioned_at=pl.lit(1)), done, [uc], sid).affected == []
+    # Rows written before the digest existed match no caption: restructured, not trusted.
+    legacy = done.drop("caption_digest")
+    assert plan_structuring(whole, legacy, [uc], sid).stale == 1
+    assert rows_without_caption(legacy, whole).is_empty()  # not judged by the check (counted apart)

@@ -77,9 +77,15 @@ _STRUCT_KEY = [
     ),
     pa.field("structurer", pa.string(), nullable=False, metadata={"doc": "model that structured the prose"}),
 ]
+_CAPTION_DIGEST = pa.field(
+    "caption_digest",
+    pa.string(),
+    metadata={"doc": "digest of the caption row the row was made from (core/captioning/versions.py)"},
+)
 _ROUTED = _STRUCT_KEY + [
     pa.field("batch_key", pa.string(), nullable=False, metadata={"doc": "upload batch (partition)"}),
     pa.field("uri", pa.string(), nullable=False, metadata={"doc": "the video"}),
+    _CAPTION_DIGEST,
     pa.field("start_s", pa.float64(), metadata={"doc": "evidence start: first event, else the segment start"}),
     pa.field("end_s", pa.float64(), metadata={"doc": "evidence end: last event, else the segment end"}),
     pa.field("verdict", pa.string(), metadata={"doc": f"{doc(VERDICTS)}; null if unparsed"}),
@@ -212,6 +218,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("uri", pa.string(), nullable=False, metadata={"doc": "the video"}),
             pa.field("segment_start_s", pa.float64(), metadata={"doc": "clip start, seconds"}),
             pa.field("segment_end_s", pa.float64(), metadata={"doc": "clip end, seconds"}),
+            _CAPTION_DIGEST,
             pa.field("status", pa.string(), nullable=False, metadata={"doc": doc(STRUCTURE_STATUSES)}),
             pa.field("verdict", pa.string(), metadata={"doc": doc(VERDICTS)}),
             pa.field("confidence", pa.float64(), metadata={"doc": "0-1; null when only the retry answered"}),

@@ -16,7 +16,7 @@ from resources.ray_service import ray_outlives_steps
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
-from video_assets.core.captioning.versions import split_key
+from video_assets.core.captioning.versions import caption_digest, split_key
 from video_assets.core.inference import choose_engine_name, vllm_importable
 from video_assets.core.inference.model_cache import ModelFiles, download_once
 from video_assets.core.inference.service_runner import streamed
@@ -24,7 +24,8 @@ from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
-from video_assets.core.tables import CAPTIONS, SCHEMAS, to_arrow
+from video_assets.core.structuring.versions import StructuringPlan
+from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 from video_assets.defs.lineage import CaptionPair
@@ -287,9 +288,29 @@ def structure_rows(
                 "uri": c["uri"],
                 "segment_start_s": c.get("segment_start_s"),
                 "segment_end_s": c.get("segment_end_s"),
+                "caption_digest": c.get("caption_digest") or caption_digest(c),
                 **r,
                 "n_events": len(r["events"]),
                 "structured_at": now,
             }
         )
     return out
+
+
+def write_structured(
+    tables: DeltaTables,
+    table: str,
+    plan: StructuringPlan,
+    new_rows: list[dict],
+    model_version: str,
+    prompt_version: int,
+) -> int:
+    """The plan's affected videos' rows of one caption pair replaced in one commit (as captions replaces
+    a video's rows): kept rows that still match their caption plus ``new_rows``; stale rows are gone.
+    Rows written."""
+    if not plan.affected:
+        return 0
+    rows = plan.rows(new_rows, KEYS[table])
+    selection = {"video_id": plan.affected, "model_version": [model_version], "prompt_version": [prompt_version]}
+    tables.replace_where(table, to_arrow(table, rows), selection)
+    return len(rows)

@@ -4,6 +4,9 @@ promotion. Pure polars."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import polars as pl
 
 from video_assets.core.media.sampling import SamplingConfig
@@ -81,3 +84,33 @@ def caption_frames(caps: pl.DataFrame) -> list[dict]:
         reason = None if times else f"no captioned frames: {first['error'] or first['status']}"
         out.append({k: first[k] for k in ("video_id", "batch_key", "uri")} | {"times": times, "reason": reason})
     return out
+
+
+# What a row derived from a caption depends on: the caption's identity (video, segment, pair), how its
+# video was split, its time window and what it says. A recaption that says the same over the same
+# window keeps its digest (nothing downstream to redo); a new split or new prose changes it.
+DIGEST_FIELDS = (
+    "video_id",
+    "segment",
+    "model_version",
+    "prompt_version",
+    "split",
+    "segment_start_s",
+    "segment_end_s",
+    "status",
+    "prose",
+)
+
+
+def caption_digest(row: dict) -> str:
+    """The digest of one caption row (a dict of the captions table): rows derived from it
+    (``structured_events``, ``alerts``, ``review_queue``) carry it as ``caption_digest``, so a row whose
+    caption was replaced or vanished is found by a join, not by a time stamp."""
+    payload = json.dumps([row.get(k) for k in DIGEST_FIELDS], default=str, ensure_ascii=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def with_caption_digest(caps: pl.DataFrame) -> pl.DataFrame:
+    """``caps`` with its rows' ``caption_digest`` column."""
+    digests = [caption_digest(r) for r in caps.iter_rows(named=True)]
+    return caps.with_columns(caption_digest=pl.Series(digests, dtype=pl.String))

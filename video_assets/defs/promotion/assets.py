@@ -34,7 +34,7 @@ from video_assets.core.evaluation.gate import GATED, decide
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.structuring import usecase as uc_mod
-from video_assets.core.structuring.versions import pending_captions, structuring_versions
+from video_assets.core.structuring.versions import plan_structuring
 from video_assets.core.tables import (
     CANDIDATE_CAPTIONS,
     CANDIDATE_EVENTS,
@@ -55,6 +55,7 @@ from video_assets.defs.engines import (
     run_captioning,
     structure_rows,
     structurer_id,
+    write_structured,
 )
 from video_assets.defs.lineage import golden_rows
 from video_assets.defs.registry import CAPTION_PROMPT_NAME, CHALLENGER
@@ -96,11 +97,13 @@ def _ensure_structured(context, tables, settings, uc, model: ModelFiles, ids, mv
     caps = tables.read(CANDIDATE_CAPTIONS, SCHEMAS[CANDIDATE_CAPTIONS]).filter(
         caption_versions(mv, pv) & pl.col("video_id").is_in(ids)
     )
-    events = tables.read(CANDIDATE_EVENTS, SCHEMAS[CANDIDATE_EVENTS]).filter(structuring_versions(mv, pv, sid))
-    todo = pending_captions(caps.to_dicts(), events, uc)
-    if todo:
-        rows = structure_rows(make_structurer(settings, model), settings, uc, todo, sid, context.log)
-        tables.merge(CANDIDATE_EVENTS, to_arrow(CANDIDATE_EVENTS, rows), KEYS[CANDIDATE_EVENTS])
+    events = tables.read(CANDIDATE_EVENTS, SCHEMAS[CANDIDATE_EVENTS]).filter(
+        caption_versions(mv, pv) & pl.col("video_id").is_in(ids)
+    )
+    plan = plan_structuring(caps, events, [uc], sid)
+    todo = plan.todo[uc.name]
+    rows = structure_rows(make_structurer(settings, model), settings, uc, todo, sid, context.log) if todo else []
+    write_structured(tables, CANDIDATE_EVENTS, plan, rows, mv, pv)
 
 
 def _spec(table: str, description: str, kinds: tuple[str, ...] = ()) -> AssetSpec:

@@ -11,9 +11,10 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.ray_service import ray_outlives_steps
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
+from video_assets.core.captioning.versions import caption_versions
 from video_assets.core.structuring import usecase as uc_mod
-from video_assets.core.structuring.versions import pending_captions, structuring_versions
-from video_assets.core.tables import KEYS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
+from video_assets.core.structuring.versions import plan_structuring, structuring_versions
+from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
 from video_assets.defs.engines import (
     cluster_gpus,
@@ -22,6 +23,7 @@ from video_assets.defs.engines import (
     structure_rows,
     structurer_id,
     warm_engine_spec,
+    write_structured,
 )
 from video_assets.defs.lineage import lineage_captions, use_case_version
 
@@ -61,19 +63,23 @@ def structured_events(
     caps, pair = lineage_captions(context, tables, batch)
     model_version, prompt_version = pair.model_version, pair.prompt_version
     sid = structurer_id(structurer, vlm.registered_model, model_version)
+    # Every row of the pair, of any structurer or use-case version: those whose caption was replaced
+    # (a recaption, a new split) are stale, and their videos are rewritten.
     existing = tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
-        structuring_versions(model_version, prompt_version, sid)
+        caption_versions(model_version, prompt_version)
     )
-    plan = {}
+    plan = plan_structuring(caps, existing, use_cases, sid, restructure=config.restructure)
     for uc in use_cases:
-        todo = caps.to_dicts() if config.restructure else pending_captions(caps.to_dicts(), existing, uc)
-        plan[uc.name] = (uc, todo)
+        todo = plan.todo[uc.name]
         context.log.info(
             f"{uc.name} (version {uc.version}): {len(todo)} captions to structure, {len(caps) - len(todo)} cached"
         )
+    if plan.stale:
+        context.log.info(f"{plan.stale} rows describe captions that were replaced or are gone: removed")
     engine = None
-    written = 0
-    for uc, todo in plan.values():
+    new_rows: list[dict] = []
+    for uc in use_cases:
+        todo = plan.todo[uc.name]
         if not todo:
             continue
         if engine is None:
@@ -84,9 +90,10 @@ def structured_events(
                 warm = warm_engine_spec(vlm, files)
             engine = make_structurer(structurer, files, connect_ray=lambda: _connect(context, ray_on_demand), warm=warm)
             context.log.info(f"structuring with {sid} on {getattr(engine, 'name', '?')}")
-        rows = structure_rows(engine, structurer, uc, todo, sid, context.log)
-        tables.merge(STRUCTURED_EVENTS, to_arrow(STRUCTURED_EVENTS, rows), KEYS[STRUCTURED_EVENTS])
-        written += len(rows)
+        new_rows += structure_rows(engine, structurer, uc, todo, sid, context.log)
+    # The affected videos' rows in one commit, as captions writes a video's: never a mix of old and new.
+    write_structured(tables, STRUCTURED_EVENTS, plan, new_rows, model_version, prompt_version)
+    written = len(new_rows)
 
     out = tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
         structuring_versions(model_version, prompt_version, sid) & pl.col("use_case").is_in([u.name for u in use_cases])
@@ -109,5 +116,6 @@ def structured_events(
             "verdict_counts": MetadataValue.json(verdicts),
             "unparsed_rows": MetadataValue.int(status.get("unparsed", 0)),
             "rows_written": MetadataValue.int(written),
+            "stale_rows_removed": MetadataValue.int(plan.stale),
         },
     )

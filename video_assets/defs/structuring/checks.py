@@ -4,46 +4,52 @@ import polars as pl
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, asset_check
 
 from resources.delta import DeltaTables
-from video_assets.core.tables import CAPTIONS, KEYS, STRUCTURED_EVENTS
+from video_assets.core.captioning.versions import caption_versions
+from video_assets.core.structuring.versions import captions_without_rows, legacy_rows, rows_without_caption
+from video_assets.core.tables import CAPTIONS, STRUCTURED_EVENTS
 from video_assets.defs.common import check_scope, checked_batches, read_checked, table_checks
+from video_assets.defs.lineage import upstream_metadata
 from video_assets.defs.structuring.assets import structured_events
-
-
-def missing_structured_rows(caps: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
-    """Caption keys without a structured row, for every (batch, caption versions, use case,
-    structuring version) that has been structured at all: a caption silently dropped shows here."""
-    runs = events.select(
-        "batch_key", "model_version", "prompt_version", "use_case", "use_case_version", "structurer"
-    ).unique()
-    expected = runs.join(
-        caps.select("video_id", "segment", "batch_key", "model_version", "prompt_version"),
-        on=["batch_key", "model_version", "prompt_version"],
-    )
-    return expected.join(events, on=KEYS[STRUCTURED_EVENTS], how="anti")
 
 
 @asset_check(
     asset=structured_events,
-    description="Every caption of the batch just structured has a structured row (parsed, retried, "
-    "unparsed or no_caption) for every use case the batch was structured for: nothing missing.",
+    blocking=True,  # alerts, review_queue, eval_scores and the index of the same run wait for it
+    description="The batch's structured rows follow its captions: every caption of the pair just "
+    "structured has a row for each use case, made from that caption (its digest), and no structured row "
+    "describes a caption that was replaced (a recaption, a new split) or is gone.",
 )
-def structured_events_cover_captions(context: AssetCheckExecutionContext, tables: DeltaTables) -> AssetCheckResult:
+def structured_events_follow_captions(context: AssetCheckExecutionContext, tables: DeltaTables) -> AssetCheckResult:
     batches = checked_batches(context, STRUCTURED_EVENTS, structured_events.key)
     events = read_checked(tables, STRUCTURED_EVENTS, batches)
-    # Expected rows are per batch (missing_structured_rows joins on batch_key): the batch's captions suffice.
-    missing = missing_structured_rows(read_checked(tables, CAPTIONS, batches), events)
+    caps = read_checked(tables, CAPTIONS, batches)
+    missing = []
+    for batch in batches or sorted(set(events.get_column("batch_key").to_list())):
+        run = upstream_metadata(context, STRUCTURED_EVENTS, batch) or {}  # what the step just structured
+        if run.get("model_version") is None or not run.get("use_cases"):
+            continue
+        pair = caption_versions(str(run["model_version"]), int(run["prompt_version"]))
+        batch_caps = caps.filter((pl.col("batch_key") == batch) & pair)
+        missing.append(captions_without_rows(batch_caps, events, run["use_cases"], str(run["structurer"])))
+    missing = pl.concat(missing) if missing else pl.DataFrame()
+    orphans = rows_without_caption(events, caps)
     statuses = dict(events.group_by("status").len().sort("status").iter_rows())
     return AssetCheckResult(
-        passed=missing.is_empty(),
+        passed=missing.is_empty() and orphans.is_empty(),
         severity=AssetCheckSeverity.ERROR,
         metadata={
             **check_scope(batches),
             "rows": events.height,
             "missing_rows": missing.height,
+            "rows_without_caption": orphans.height,
+            "rows_without_digest": legacy_rows(events),
             "status_counts": statuses,
-            "missing_examples": missing.head(10).select("video_id", "segment", "use_case").rows(),
+            "missing_examples": missing.head(10).select("video_id", "segment", "use_case").rows()
+            if not missing.is_empty()
+            else [],
+            "orphan_examples": orphans.head(10).select("video_id", "segment", "use_case").rows(),
         },
     )
 
 
-structuring_checks = [table_checks(STRUCTURED_EVENTS), structured_events_cover_captions]
+structuring_checks = [table_checks(STRUCTURED_EVENTS), structured_events_follow_captions]
