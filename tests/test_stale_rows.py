@@ -75,5 +75,6 @@ def test_three_splits_leave_no_row_describing_a_replaced_caption(
         assert (joined["end_s"] <= joined["segment_end_s"] + 1e-6).all()
         meta = run.asset_materializations_for_node("structured_events")[0].metadata
         assert meta["stale_rows_removed"].value == (0 if segment_s is None else 2 * previous)
+        assert meta["events_outside_clip"].value == events.get_column("events_outside").sum()
         previous = caps.height
     assert segments == [2, 4, 3]  # the splits really changed the segments

@@ -270,3 +270,63 @@ def test_speculative_retry_gives_the_same_rows_in_one_call(engines, uc):
     ok = sum(c["status"] == "ok" for c in CAPTIONS)
     assert calls == [ok, ok, 2 * ok]  # two calls, then one with first pass + retries
     assert {r["status"] for r in capped} <= {"retried", "unparsed", "no_caption"}
+
+
+class _Pinned:
+    """A model pinned to one answer, whatever it is asked (what an engine that ignores the schema's
+    bounds, or a model fine-tuned on other clips, can return); the policy under test is the real one."""
+
+    speculative_retry = False
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def generate(self, requests):
+        from video_assets.core.structuring.policy import StructureResponse
+
+        return [StructureResponse(r.request_id, self.text, 10, 0.01) for r in requests]
+
+
+def _answer(*events: tuple[float, float]) -> str:
+    return json.dumps(
+        {
+            "verdict": "confirmed",
+            "confidence": 0.9,
+            "events": [
+                {"start_s": a, "end_s": b, "actor": "man", "action": "picks up", "object": "cup"} for a, b in events
+            ],
+            "rationale": "he takes it",
+        }
+    )
+
+
+def test_an_event_outside_its_clip_is_dropped_and_the_row_says_why(uc):
+    chaplin = {"status": "ok", "prose": "A man picks up a cup.", "segment_start_s": 0.0, "segment_end_s": 9.6}
+    [row] = structure_captions(_Pinned(_answer((2.0, 3.0), (223.0, 224.0))), uc, [chaplin], 1024, 16)
+    assert row["status"] == "parsed" and row["verdict"] == "confirmed"
+    assert [(e["start_s"], e["end_s"]) for e in row["events"]] == [(2.0, 3.0)]
+    assert row["events_outside"] == 1
+    assert row["error"] == "dropped 1 event(s) outside the clip (0-9.6 s): 223-224 s"
+    # A later clip of the same video: its window is its own segment, not the video's start.
+    later = {**chaplin, "segment_start_s": 30.0, "segment_end_s": 40.0}
+    [row] = structure_captions(_Pinned(_answer((2.0, 3.0), (31.0, 32.5))), uc, [later], 1024, 16)
+    assert [(e["start_s"], e["end_s"]) for e in row["events"]] == [(31.0, 32.5)] and row["events_outside"] == 1
+    [row] = structure_captions(_Pinned(_answer((1.0, 2.0))), uc, [chaplin], 1024, 16)
+    assert row["events_outside"] == 0 and row["error"] is None
+
+
+def test_the_decoder_cannot_place_an_event_outside_the_clip(uc):
+    """The schema each request is decoded under bounds event times by the caption's own segment: the
+    grammar xgrammar compiles from it (what the transformers engine and vLLM use) refuses 223 s on a
+    9.6 s clip and accepts a time inside it."""
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    schema = uc_mod.decode_schema(uc, 0.0, 9.6)
+    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    assert accepts(grammar, _answer((2.0, 3.0))) and accepts(grammar, _answer((9.6, 9.6)))
+    assert not accepts(grammar, _answer((223.0, 224.0))) and not accepts(grammar, _answer((2.0, 9.8)))
+    later = xgr.Grammar.from_json_schema(json.dumps(uc_mod.decode_schema(uc, 30.0, 40.0)), any_whitespace=False)
+    assert accepts(later, _answer((31.0, 32.5))) and not accepts(later, _answer((2.0, 3.0)))
+    # Unknown end (a stream without duration): the use case's own range.
+    assert uc_mod.window(uc, None, None) == (0.0, float(uc.max_seconds))

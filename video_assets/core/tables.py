@@ -229,6 +229,11 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("retry_output", pa.string(), metadata={"doc": "the retry's output, if any"}),
             pa.field("error", pa.string(), metadata={"doc": "why a pass failed"}),
             pa.field("attempts", pa.int32(), nullable=False, metadata={"doc": "model calls made (0-2)"}),
+            pa.field(
+                "events_outside",
+                pa.int32(),
+                metadata={"doc": "events the model placed outside the clip, dropped (error says which)"},
+            ),
             pa.field("output_tokens", pa.int32(), metadata={"doc": "tokens generated over all attempts"}),
             pa.field("latency_s", pa.float64(), metadata={"doc": "engine seconds over all attempts"}),
             pa.field("structured_at", _TS, nullable=False, metadata={"doc": "when written"}),

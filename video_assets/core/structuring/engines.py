@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 # -- transformers + xgrammar --------------------------------------------------------------------------
 
 
+GRAMMAR_CACHE = 256  # compiled grammars kept per engine, oldest dropped first
+
+
 class TransformersStructurer:
     """Greedy, grammar-constrained generation with transformers. Loads a VLM folder (text-only chat)
     or a causal text model. A fresh xgrammar logits processor per ``generate`` call (it is stateful)."""
@@ -46,6 +49,8 @@ class TransformersStructurer:
     def _grammar(self, schema: dict):
         key = json.dumps(schema, sort_keys=True)
         if key not in self._grammars:
+            if len(self._grammars) >= GRAMMAR_CACHE:  # a warm engine sees a schema per clip window
+                self._grammars.pop(next(iter(self._grammars)))
             # Compiled in the schema's own property order (verdict first), cached by its sorted form.
             self._grammars[key] = self._compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
         return self._grammars[key]
@@ -54,20 +59,11 @@ class TransformersStructurer:
         out: list[StructureResponse] = []
         for start in range(0, len(requests), self.batch_size):
             chunk = requests[start : start + self.batch_size]
-            # One schema per batch (the caller sends one kind at a time); split if mixed.
-            groups: dict[str, list[StructureRequest]] = {}
-            for r in chunk:
-                groups.setdefault(json.dumps(r.schema, sort_keys=True), []).append(r)
-            done = {}
-            for reqs in groups.values():
-                try:
-                    for r, resp in zip(reqs, self._run(reqs)):
-                        done[r.request_id] = resp
-                except Exception as exc:  # one bad batch costs only its own rows
-                    log.warning("structuring batch failed: %s: %s", type(exc).__name__, exc)
-                    for r in reqs:
-                        done[r.request_id] = StructureResponse(r.request_id, "", error=f"{type(exc).__name__}: {exc}")
-            out += [done[r.request_id] for r in chunk]
+            try:
+                out += self._run(chunk)
+            except Exception as exc:  # one bad batch costs only its own rows
+                log.warning("structuring batch failed: %s: %s", type(exc).__name__, exc)
+                out += [StructureResponse(r.request_id, "", error=f"{type(exc).__name__}: {exc}") for r in chunk]
         return out
 
     def _run(self, reqs: list[StructureRequest]) -> list[StructureResponse]:
@@ -77,7 +73,9 @@ class TransformersStructurer:
         chat = self.loaded.chat
         texts = [chat.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in reqs]
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        processor = self._xgr.contrib.hf.LogitsProcessor(self._grammar(reqs[0].schema))
+        # A grammar per row: each caption's schema bounds its events by its own clip, and rows of
+        # different clips (or a first pass and a retry) still share one generate call.
+        processor = self._xgr.contrib.hf.LogitsProcessor([self._grammar(r.schema) for r in reqs])
         generated = hf.greedy(self.loaded, enc, max(r.max_new_tokens for r in reqs), logits_processor=[processor])
         latency = time.perf_counter() - started
         responses = []

@@ -55,14 +55,15 @@ def structure_captions(
     captions = list(captions)
     results: list[dict | None] = [None] * len(captions)
     first: list[tuple[int, StructureRequest]] = []
-    schema = uc_mod.decode_schema(uc)
     for i, c in enumerate(captions):
         if c.get("status") != CAPTION_OK or not (c.get("prose") or "").strip():
             results[i] = _row(
                 NO_CAPTION, attempts=0, error=f"no caption to structure: {c.get('error') or 'empty prose'}"
             )
             continue
-        msgs = uc_mod.messages(uc, c["prose"], c.get("segment_start_s"), c.get("segment_end_s"))
+        start_s, end_s = c.get("segment_start_s"), c.get("segment_end_s")
+        msgs = uc_mod.messages(uc, c["prose"], start_s, end_s)
+        schema = uc_mod.decode_schema(uc, start_s, end_s)  # event times bounded by this caption's clip
         first.append((i, StructureRequest(f"{i}", msgs, schema, max_new_tokens)))
 
     def retry_request(i: int) -> StructureRequest:
@@ -85,9 +86,13 @@ def structure_captions(
     for (i, _), resp in zip(first, first_responses):
         record, why = (None, f"request failed: {resp.error}") if resp.error else uc_mod.parse(uc, resp.text)
         if record is not None:
+            c = captions[i]
+            record, outside = uc_mod.within_window(uc, record, c.get("segment_start_s"), c.get("segment_end_s"))
             results[i] = _row(
                 PARSED,
                 attempts=1,
+                events_outside=len(outside),
+                error=_outside_reason(uc, c, outside),
                 verdict=record.verdict,
                 confidence=record.confidence,
                 events=[e.model_dump() for e in record.events],
@@ -127,7 +132,17 @@ def _row(status: str, **fields) -> dict:
         "retry_output": None,
         "error": None,
         "attempts": 0,
+        "events_outside": 0,
         "output_tokens": 0,
         "latency_s": 0.0,
     }
     return {**base, **fields}
+
+
+def _outside_reason(uc: UseCase, caption: dict, outside: list) -> str | None:
+    """Why a parsed row has fewer events than the model wrote: the ones outside the caption's clip."""
+    if not outside:
+        return None
+    lo, hi = uc_mod.window(uc, caption.get("segment_start_s"), caption.get("segment_end_s"))
+    times = ", ".join(f"{e.start_s:g}-{e.end_s:g} s" for e in outside[:5])
+    return f"dropped {len(outside)} event(s) outside the clip ({lo:g}-{hi:g} s): {times}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -181,12 +182,45 @@ def output_model(uc: UseCase) -> type[Structured]:
     )
 
 
-def decode_schema(uc: UseCase) -> dict[str, Any]:
+# Event times may stray this far outside their clip's window and be kept (the decoder's bounds are the
+# window rounded outwards to it; a frame time and a caption's own rounding can fall on the edge).
+WINDOW_TOLERANCE_S = 0.1
+
+
+def window(uc: UseCase, start_s: float | None, end_s: float | None) -> tuple[float, float]:
+    """The seconds a caption's events may fall in: its segment, rounded outwards to the tolerance, within
+    [0, max_seconds]; the use case's whole range when the segment is unknown."""
+    step = WINDOW_TOLERANCE_S
+    lo = max(0.0, math.floor((start_s or 0.0) / step) * step)
+    hi = uc.max_seconds if end_s is None or not math.isfinite(end_s) else math.ceil(end_s / step) * step
+    hi = min(float(uc.max_seconds), hi)
+    return round(lo, 3), round(max(lo, hi), 3)
+
+
+def decode_schema(uc: UseCase, start_s: float | None = None, end_s: float | None = None) -> dict[str, Any]:
     """The JSON schema the decoder is constrained to: ``output_model(uc)``'s schema made finite (every
     free string a bounded ASCII pattern, every number bounded, every array capped) so that even a model
-    with random weights ends. Validate the result with ``output_model`` (ordering rules live there)."""
+    with random weights ends, with event times bounded by the caption's own segment (``window``): the
+    decoder cannot place an event outside the clip. Validate the result with ``output_model`` (ordering
+    rules live there) and ``within_window``."""
     schema = output_model(uc).model_json_schema()
-    return _finite(schema, schema.get("$defs", {}))
+    out = _finite(schema, schema.get("$defs", {}))
+    lo, hi = window(uc, start_s, end_s)
+    for name in ("start_s", "end_s"):
+        out["properties"]["events"]["items"]["properties"][name].update(minimum=lo, maximum=hi)
+    return out
+
+
+def within_window(
+    uc: UseCase, record: Structured, start_s: float | None, end_s: float | None
+) -> tuple[Structured, list[EventOut]]:
+    """``record`` with only the events inside the caption's segment (``window``), and those it dropped:
+    an engine that ignored the schema's bounds, or a model pinned to answer, cannot put an event at
+    223 s into a 9.6 s clip."""
+    lo, hi = window(uc, start_s, end_s)
+    inside = [e for e in record.events if lo - 1e-9 <= e.start_s and e.end_s <= hi + 1e-9]
+    outside = [e for e in record.events if e not in inside]
+    return (record.model_copy(update={"events": inside}) if outside else record), outside
 
 
 def _finite(node: Any, defs: dict[str, Any]) -> Any:

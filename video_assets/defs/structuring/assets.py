@@ -117,5 +117,7 @@ def structured_events(
             "unparsed_rows": MetadataValue.int(status.get("unparsed", 0)),
             "rows_written": MetadataValue.int(written),
             "stale_rows_removed": MetadataValue.int(plan.stale),
+            # Events the model placed outside their caption's clip, dropped from the rows (their error says which).
+            "events_outside_clip": MetadataValue.int(int(out.get_column("events_outside").fill_null(0).sum())),
         },
     )
