@@ -98,6 +98,15 @@ class DeltaTables(ConfigurableResource):
             return pl.DataFrame()
         return pl.from_arrow(schema.empty_table())
 
+    def duplicate_keys(self, name: str, keys: list[str]) -> int:
+        """Keys held by more than one row in the whole table (only the key columns are read); 0 when
+        the table does not exist. The per-batch ``unique_key`` checks cannot see a key repeated across
+        batches; the maintenance job counts them here."""
+        if not self.exists(name):
+            return 0
+        scan = pl.scan_delta(self.table_uri(name), storage_options=self._options()).select(keys)
+        return scan.group_by(keys).len().filter(pl.col("len") > 1).select(pl.len()).collect().item()
+
     def batch(self, name: str, batch: str, schema: pa.Schema | None = None) -> pl.DataFrame:
         """One upload batch's rows."""
         return self.read(name, schema, where=pl.col("batch_key") == batch)
@@ -137,12 +146,9 @@ class DeltaTables(ConfigurableResource):
         """
         uri = self.table_uri(name)
         if not self.exists(name):
-            try:
-                write_deltalake(uri, rows, mode="error", storage_options=self._options())
-                return {"num_target_rows_inserted": rows.num_rows, "created": True}
-            except Exception:  # another run created it first: fall through to a merge
-                if not self.exists(name):
-                    raise
+            # Created empty, then merged like any other write: a first write that created the table with
+            # its rows was a blind append, and two first writers at once left every key twice.
+            self.create(name, rows.schema)
         if rows.num_rows == 0:
             return {"num_target_rows_inserted": 0}
         predicate = " AND ".join(f"t.{k} = s.{k}" for k in keys)
@@ -160,6 +166,17 @@ class DeltaTables(ConfigurableResource):
                     merger = merger.when_matched_update(updates=updates, predicate=update_predicate)
                 result = merger.when_not_matched_insert_all().execute()
         return result
+
+    def create(self, name: str, schema: pa.Schema) -> bool:
+        """Create the table, empty, with ``schema``, unless it exists; True when this call created it. Two
+        creators at once: one commits the table's first version, the other finds it there."""
+        try:
+            DeltaTable.create(self.table_uri(name), schema=schema, mode="ignore", storage_options=self._options())
+        except Exception:  # lost the race for the first commit: the table is there now
+            if not self.exists(name):
+                raise
+            return False
+        return True
 
     def replace(self, name: str, rows: pa.Table, column: str, values: list[str]) -> dict:
         """Replace the rows whose ``column`` is one of ``values`` (e.g. one batch's) with ``rows``, in one
@@ -180,7 +197,7 @@ class DeltaTables(ConfigurableResource):
             for column, values in selection.items()
         )
         uri = self.table_uri(name)
-        if self.exists(name):
+        if self.exists(name) or not self.create(name, rows.schema):  # created first, as merge does
             self._add_missing_columns(name, rows.schema)
         for attempt in _commit_attempts():
             with attempt:

@@ -104,3 +104,20 @@ def test_nightly_schedules_are_stopped_and_evaluation_follows_maintenance():
     for ticks in (m, e):
         assert all(b - a == timedelta(days=1) for a, b in zip(ticks, ticks[1:]))
     assert all(m[i] < e[i] < m[i] + timedelta(days=1) for i in range(4))
+
+
+def test_a_key_repeated_across_batches_fails_the_maintenance_job_naming_the_table(tmp_path):
+    """The asset checks cover one batch; the maintenance job checks each key across the whole table."""
+    from deltalake import write_deltalake
+
+    tables = _five_small_files(tmp_path)
+    assert _run(tables).success
+    now = datetime.now(UTC)
+    again = {"video_id": "v1", "uri": "/v/1.mp4", "size_bytes": 1, "mtime": now, "batch_key": "c", "registered_at": now}
+    write_deltalake(tables.table_uri(RAW_VIDEOS), to_arrow(RAW_VIDEOS, [again]), mode="append")  # a blind append
+    assert tables.duplicate_keys(RAW_VIDEOS, ["video_id"]) == 1
+    result = _run(tables)
+    assert not result.success
+    [failure] = result.get_step_failure_events()  # not retried: a rerun finds the same rows
+    assert "raw_videos (1 keys, key video_id)" in failure.event_specific_data.error.message
+    assert len(DeltaTable(tables.table_uri(RAW_VIDEOS)).file_uris()) == 1  # every table was still maintained

@@ -47,8 +47,10 @@ def test_replace_is_one_commit_and_touches_only_its_batch(tmp_path):
     assert tables.version(RAW_VIDEOS) == before + 1  # one commit: no version between old and new rows
     out = tables.read(RAW_VIDEOS).sort("video_id")
     assert out.select("video_id", "batch_key").rows() == [("c", "b1"), ("d", "b1"), ("x", "b2")]
-    # Every version ever written holds batch b1's rows (the old set or the new): none is empty of them.
-    for df in _versions(uri):
+    # Every version since b1 was first written holds its rows (the old set or the new): none is empty of
+    # them. (Version 0 is the table created empty, before any writer's rows.)
+    assert _versions(uri)[0].is_empty()
+    for df in _versions(uri)[1:]:
         assert df.filter(pl.col("batch_key") == "b1").height > 0
 
     # Empty rows empty the batch, still in one commit; a quote in a value is a literal, not SQL.
@@ -98,3 +100,35 @@ def test_writers_racing_on_one_table_all_land(tmp_path):
         list(pool.map(write, batches))
     got = pl.read_delta(tables.table_uri(RAW_VIDEOS))
     assert sorted(got["video_id"]) == sorted(["seed"] + [f"{b}-r{i}" for b in batches for i in (1, 2)])
+
+
+def _first_write(root: str, how: str, barrier) -> None:
+    """One run's first write of a batch's ten rows to a table that does not exist yet."""
+    tables = DeltaTables(root_uri=root)
+    rows = _rows("b1", [f"v{i}" for i in range(10)])
+    barrier.wait()  # both processes find no table, then write
+    if how == "merge":
+        tables.merge(RAW_VIDEOS, rows, keys=["video_id"])
+    else:
+        tables.replace(RAW_VIDEOS, rows, "batch_key", ["b1"])
+
+
+@pytest.mark.parametrize("how", ["merge", "replace"])
+def test_two_first_writers_in_separate_processes_leave_each_key_once(tmp_path, how):
+    """A sensor run and a manual rerun of one batch writing a fresh instance's table at the same moment:
+    the table is created empty first, so the second writer's commit is a merge (or a replace) against
+    the first one's rows, never a blind append of the same keys (which left 20 rows, 6 times in 6)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for attempt in range(3):
+        root = str(tmp_path / str(attempt))
+        barrier = ctx.Barrier(2)
+        procs = [ctx.Process(target=_first_write, args=(root, how, barrier)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0, 0]
+        got = pl.read_delta(DeltaTables(root_uri=root).table_uri(RAW_VIDEOS))
+        assert sorted(got["video_id"]) == [f"v{i}" for i in range(10)], f"attempt {attempt}: {got.height} rows"
