@@ -176,3 +176,67 @@ def test_the_walk_lists_what_pyarrow_listed_so_known_files_stay_known(volume_dir
         if e.type == pafs.FileType.File
     }
     assert listed == before and len(listed) > 3
+
+
+HOSTILE_NAMES = {  # a real clip each (distinct bytes: distinct videos), under a name made to forge or hide
+    "realshort.mp4": NEWLINE_NAME,
+    "asl_eat.mkv": "rlo\u202evkm.mkv",  # a right-to-left override: shows as "rlomkv.mkv"-like text
+    "chaplin.mp4": "tab\there\r\x1b[31mred.mp4",  # a tab, a carriage return and a terminal escape
+}
+RAW = ("\n", "\r", "\t", "\x1b", "\u202e")
+
+
+@pytest.mark.slow
+def test_hostile_names_never_reach_a_log_line_raw(
+    instance, resources, session_ray, volume_dir, tiny_model_cache, tmp_path, capfd
+):
+    """A batch of hostile names through every per-batch step that names files or quotes a model
+    (ingest, captions, structuring, routing): no message in the run's Dagster event log, and nothing
+    the steps and Ray's workers printed, holds a raw control, format or line-break character; the
+    names appear escaped instead."""
+    from resources.mlflow_registry import MlflowRegistry
+    from resources.structurer import StructurerSettings
+    from resources.vlm import VlmSettings
+    from tests.fixtures.samples import SAMPLES
+    from video_assets.core.uploads.discovery import printable
+    from video_assets.defs.captioning.assets import captions
+    from video_assets.defs.ingest.registration import register_new_files
+    from video_assets.defs.models.assets import caption_prompt, vlm_model
+    from video_assets.defs.partitions import video_batches
+    from video_assets.defs.routing.assets import routed_events
+    from video_assets.defs.structuring.assets import structured_events
+
+    for sample, name in HOSTILE_NAMES.items():
+        shutil.copy(SAMPLES / sample, volume_dir / name)
+    res = {
+        **resources,
+        **session_ray,
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
+        ),
+        "vlm": VlmSettings(cache_dir=str(tiny_model_cache), max_new_tokens=8, batch_size=2),
+        "structurer": StructurerSettings(device="cpu"),
+    }
+    [key] = register_new_files(res["volume"], res["tables"]).batches
+    instance.add_dynamic_partitions(video_batches.name, [key])
+    assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+    capfd.readouterr()  # what the model registration printed is not this batch's
+    run = materialize(
+        [raw_videos, video_metadata, captions, structured_events, routed_events],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"captions": {"config": {"max_frames": 4, "min_frames": 2}}}},
+    )
+    assert run.success
+    printed = capfd.readouterr()
+    messages = [e.user_message for e in instance.all_logs(run.run_id)]
+    step_messages = [e.user_message for e in instance.all_logs(run.run_id) if e.step_key]
+    assert step_messages, "the steps logged"
+    for m in messages:
+        assert not any(c in m for c in RAW), f"raw control character in a log message: {m!r}"
+    for name in HOSTILE_NAMES.values():
+        assert any(printable(name) in m for m in step_messages), f"{printable(name)} never logged"
+        for stream in (printed.out, printed.err):
+            assert name not in stream and name.split("\n")[-1] not in stream.replace(printable(name), "")
+    assert not any(c in printed.out + printed.err for c in ("\u202e", "\x1b[31m"))

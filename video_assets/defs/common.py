@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import inspect
+import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from dagster import (
 from resources.delta import DeltaTables
 from video_assets.core.previews import markdown_table
 from video_assets.core.tables import KEYS, SCHEMAS, required_columns
+from video_assets.core.uploads.discovery import printable
 
 OWNERS = ["team:video-platform"]
 # Steps that hold a model engine: limited together by the instance (dagster.yaml `concurrency.pools`).
@@ -168,6 +170,22 @@ def per_batch(context, body: Callable[[str], MaterializeResult | Iterable[Materi
     return [merge_batches(batches, [r[i] for r in results]) for i in range(len(results[0]))]
 
 
+class OneLinePerCall(logging.Filter):
+    """Every message of a step's log escaped in one place (``printable``): a file name or a model's
+    output with a newline, a tab or a bidi override cannot forge or hide a line of stdout or of the
+    Dagster event log, whichever log call carries it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = printable(record.getMessage()), ()
+        return True
+
+
+def escaped_log(context) -> None:
+    """Install ``OneLinePerCall`` on the step's log (once)."""
+    if not any(isinstance(f, OneLinePerCall) for f in context.log.filters):
+        context.log.addFilter(OneLinePerCall())
+
+
 def batch_asset(stage: str, table: str | None = None, *, kinds: tuple[str, ...] = (), specs=None, **asset_kwargs):
     """The one definition of a per-batch asset (``specs``: a multi-asset of several tables).
 
@@ -189,17 +207,20 @@ def batch_asset(stage: str, table: str | None = None, *, kinds: tuple[str, ...] 
         if "batches" in signature.parameters:
 
             def step(context, **resources):
+                escaped_log(context)
                 return body(context, list(context.partition_keys), **resources)
 
         elif specs is None:
 
             def step(context, **resources):
+                escaped_log(context)
                 [result] = per_batch(context, lambda batch: body(context, batch, **resources))
                 return result
 
         else:
 
             def step(context, **resources):
+                escaped_log(context)
                 yield from per_batch(context, lambda batch: body(context, batch, **resources))
 
         step.__name__, step.__qualname__, step.__doc__ = body.__name__, body.__qualname__, body.__doc__

@@ -14,6 +14,7 @@ from dagster import (
 from resources.delta import DeltaTables
 from resources.volume import VideoVolume
 from video_assets.core.uploads import discovery as registry
+from video_assets.defs.common import escaped_log
 from video_assets.defs.ingest.jobs import batch_pipeline_job
 from video_assets.defs.ingest.registration import (
     manifest_batch_keys,
@@ -50,6 +51,7 @@ def decode_cursor(cursor: str | None) -> tuple[str | None, list[str] | None]:
     "batches it requested; an unchanged listing reads no table.",
 )
 def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables: DeltaTables):
+    escaped_log(context)  # the tick logs file names and reasons: one line each, whatever they hold
     listing = volume.listing()
     files = listing.files
     # Refused entries are part of the digest, so a new link is reported on the next tick.
