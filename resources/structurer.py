@@ -2,10 +2,11 @@
 
 from typing import Any
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
 from video_assets.core.inference.vllm import STRUCTURING_VLLM, VllmSettings, vllm_settings
+from video_assets.core.structuring import usecase as uc_mod
 
 CAPTIONER = "captioner"  # structure with the captioning VLM itself (the version that wrote the caption)
 
@@ -32,6 +33,18 @@ class StructurerSettings(ConfigurableResource):
         description="vLLM engine settings over the structuring defaults: any field of the `vllm` table "
         "(docs/configuration.md); a misspelt name is an error",
     )
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        # Before the step does any work (captions holds this resource too): a misspelt use case fails
+        # the run's first expensive step in seconds, naming the setting, not after the captions job.
+        self.use_case_list()
+
+    def use_case_list(self) -> list[uc_mod.UseCase]:
+        """The configured use cases; a ValueError naming the setting when one is unknown or invalid."""
+        try:
+            return uc_mod.parse_names(self.use_cases)
+        except ValueError as exc:
+            raise ValueError(f"VIDEO_USE_CASES (structurer.use_cases) = {self.use_cases!r}: {exc}") from exc
 
     def vllm_settings(self, model_source: str) -> VllmSettings:
         return vllm_settings(model_source, {**STRUCTURING_VLLM, "max_new_tokens": self.max_new_tokens}, self.vllm)

@@ -58,11 +58,13 @@ def volume_dir(tmp_path) -> Path:
 @pytest.fixture
 def resources(volume_dir, dagster_home):
     from resources.delta import DeltaTables
+    from resources.structurer import StructurerSettings
     from resources.volume import VideoVolume
 
     return {
         "volume": VideoVolume(uri=str(volume_dir), batch_size=50),
         "tables": DeltaTables(root_uri=str(dagster_home / "tables")),
+        "structurer": StructurerSettings(),  # captions holds it for its use-case check
     }
 
 

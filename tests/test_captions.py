@@ -7,6 +7,7 @@ import pytest
 from dagster import AssetKey, materialize
 
 from resources.mlflow_registry import MlflowRegistry
+from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
 from tests.fixtures.samples import copy_samples
 from video_assets.defs.captioning.assets import captions
@@ -124,6 +125,7 @@ def test_a_backfill_of_several_batches_is_captioned_in_one_run(
             tracking_uri=f"sqlite:///{dagster_home}/mlflow.db", artifact_root=str(dagster_home / "art")
         ),
         "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=8),
+        "structurer": StructurerSettings(),
         **session_ray,
     }
     keys = list(register_new_files(res["volume"], res["tables"]).batches)

@@ -96,3 +96,51 @@ def test_a_hub_id_still_goes_to_the_hub(tmp_path):
     vlm = VlmSettings(model_source="no-such-org/no-such-model", cache_dir=str(tmp_path))
     with pytest.raises(RuntimeError, match="from the hub"):
         vlm.materialize_source()
+
+
+def test_a_misspelt_use_case_fails_the_captions_step_before_any_captioning(
+    instance, resources, session_ray, volume_dir, tmp_path
+):
+    """An unknown name in VIDEO_USE_CASES used to fail only in structured_events, after the whole
+    captions job, with a message that never named the setting: now the captions step fails as it starts
+    (the structurer resource's start-up check), naming it, and nothing is captioned."""
+    from resources.mlflow_registry import MlflowRegistry
+    from resources.structurer import StructurerSettings
+    from video_assets.defs.captioning.assets import captions
+
+    instance.add_dynamic_partitions(video_batches.name, ["b1"])
+    res = {
+        **resources,
+        **session_ray,
+        "mlflow_registry": MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"),
+        "vlm": VlmSettings(cache_dir=str(tmp_path / "models")),
+        "structurer": StructurerSettings(use_cases="object_handling,objekt_handling"),
+    }
+    result = materialize([captions], partition_key="b1", instance=instance, resources=res, raise_on_error=False)
+    assert not result.success
+    errors = [getattr(e.event_specific_data, "error", None) for e in result.all_events if e.is_failure]
+    text = " ".join(err.to_string() for err in errors if err is not None)
+    assert "VIDEO_USE_CASES" in text and "unknown use case 'objekt_handling'" in text
+    assert "have: loss_prevention, object_handling" in text
+    assert not resources["tables"].exists("captions")
+
+
+def test_video_assets_commands_check_the_settings_before_any_work(
+    dagster_home, volume_dir, tmp_path, monkeypatch, capsys
+):
+    """`video-assets register` / `demo` check the use cases, the volume and the tables root first, and
+    stop with every problem named by its setting, before anything is registered."""
+    from video_assets.cli import main
+
+    copy_samples(volume_dir, ["realshort.mp4"])
+    monkeypatch.setenv("VIDEO_VOLUME_URI", str(tmp_path / "no_such_volume"))
+    monkeypatch.setenv("VIDEO_TABLES_URI", str(dagster_home / "tables"))
+    monkeypatch.setenv("VIDEO_USE_CASES", "nosuch")
+    assert main(["register"]) == 2
+    err = capsys.readouterr().err
+    assert "VIDEO_USE_CASES" in err and "unknown use case 'nosuch'" in err
+    assert "VIDEO_VOLUME_URI" in err and "does not exist" in err
+    assert not (dagster_home / "tables" / "batch_manifest").exists()  # nothing registered
+    monkeypatch.setenv("VIDEO_VOLUME_URI", str(volume_dir))
+    monkeypatch.setenv("VIDEO_USE_CASES", "object_handling")
+    assert main(["register"]) == 0 and (dagster_home / "tables" / "batch_manifest").exists()

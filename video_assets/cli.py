@@ -42,7 +42,22 @@ def _resources():
 
     built = build_resources()
     # EnvVar-backed fields resolve here, as they would inside a run (Ray is only started by runs).
-    return {k: built[k].process_config_and_initialize() for k in ("volume", "tables", "vlm")}
+    return {k: built[k].process_config_and_initialize() for k in ("volume", "tables", "vlm", "structurer")}
+
+
+def preflight() -> list[str]:
+    """What the settings get wrong, checked before any work, each problem naming its setting: the use
+    cases, the volume, the tables root (each resource's own start-up check, which runs check again as
+    their steps start)."""
+    from video_assets.definitions import build_resources
+
+    built, problems = build_resources(), []
+    for key in ("structurer", "volume", "tables"):
+        try:
+            built[key].process_config_and_initialize()
+        except (ValueError, RuntimeError) as exc:  # VolumeUnavailable and TablesUnavailable are RuntimeErrors
+            problems.append(str(exc))
+    return problems
 
 
 def register_archive(instance: DagsterInstance, batch_size: int | None = None) -> list[str]:
@@ -374,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         return predict_command(args)
     if args.command == "serve":
         return serve_command(args)
+    if args.command in ("register", "demo") and (problems := preflight()):
+        for problem in problems:
+            print(f"video-assets {args.command}: {problem}", file=sys.stderr)
+        return 2
     if args.command == "register":
         new = register_archive(DagsterInstance.get(), args.batch_size)
         print(f"{len(new)} new batch(es)")

@@ -7,6 +7,7 @@ from pydantic import Field
 
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
+from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_versions, captioned_ok, split_key
 from video_assets.core.media.sampling import SamplingConfig
@@ -76,9 +77,12 @@ def captions(
     mlflow_registry: MlflowRegistry,
     tables: DeltaTables,
     ray_cluster: RayResource,
+    structurer: StructurerSettings,
 ) -> MaterializeResult:
     """Timestamped prose per video (or per clip) from the VLM behind the MLflow alias, computed by one
     Ray Data streaming job: a wide CPU stage decodes and samples frames, a narrow VLM stage captions.
+    ``structurer`` is held only for its start-up check: a misspelt use case fails the run here, before
+    the job, instead of in structured_events after it.
     Rows are merged on (video_id, segment, model_version, prompt_version), so reruns are idempotent.
     The model and prompt versions are resolved here, once, and recorded: every later stage of the
     batch works on these captions (``lineage.upstream_pair``). A backfill's range is one job."""

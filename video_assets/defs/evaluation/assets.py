@@ -23,7 +23,6 @@ from video_assets.core.charts import markdown_image
 from video_assets.core.evaluation.golden import golden_rows as label_rows
 from video_assets.core.evaluation.golden import label_files, load_labels
 from video_assets.core.previews import markdown_table
-from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.tables import EVAL_SCORES, GOLDEN_SET, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadata
 from video_assets.defs.engines import structurer_id
@@ -92,7 +91,7 @@ def eval_scores(
     model_version, prompt_version = pair.model_version, pair.prompt_version
     sid = structurer_id(structurer, vlm.registered_model, model_version)
     metadata, rows = {}, []
-    for uc in uc_mod.parse_names(structurer.use_cases):
+    for uc in structurer.use_case_list():
         row, scores = evaluate_candidate(
             tables,
             mlflow_registry,

@@ -10,7 +10,6 @@ from resources.delta import DeltaTables
 from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core import routing
-from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import structuring_versions
 from video_assets.core.tables import ALERTS, REVIEW_QUEUE, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.common import TRANSIENT_RETRY, batch_asset, stage_asset, table_metadata
@@ -57,7 +56,7 @@ def routed_events(
     pair = upstream_pair(context, batch, STRUCTURED_EVENTS)
     model_version, prompt_version = pair.model_version, pair.prompt_version
     sid = structurer_id(structurer, vlm.registered_model, model_version)
-    use_cases = uc_mod.parse_names(structurer.use_cases)
+    use_cases = structurer.use_case_list()
     events = tables.batch(STRUCTURED_EVENTS, batch, SCHEMAS[STRUCTURED_EVENTS]).filter(
         structuring_versions(model_version, prompt_version, sid)
     )

@@ -12,7 +12,6 @@ from resources.ray_service import ray_outlives_steps
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_versions
-from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import plan_structuring, structuring_versions
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
@@ -57,7 +56,7 @@ def structured_events(
     those the captions step last wrote for the batch (their model and prompt versions come through
     lineage, not from the alias), and the 'captioner' structurer is that same model version."""
     try:
-        use_cases = uc_mod.parse_names(structurer.use_cases)
+        use_cases = structurer.use_case_list()
     except ValueError as exc:
         raise Failure(str(exc)) from exc
     caps, pair = lineage_captions(context, tables, batch)
