@@ -28,6 +28,7 @@ from video_assets.core.tables import RAW_VIDEOS, to_arrow
 CLIPS = ["sam2_04_coffee.mp4", "fire2.mp4", "chaplin.mp4", "bottle-detection.mp4"]
 START_S, END_S = 2.0, 6.0  # the captions' time range: a click must play from START_S
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
+GONE_ID = "f" * 64  # a registered video whose file was deleted
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +67,9 @@ def server(tmp_path_factory):
         }
         for c in clips
     ]
+    gone = copy_samples(root / "gone", ["realshort.mp4"])[0]  # registered, then deleted from the volume
+    raw.append({**raw[0], "video_id": GONE_ID, "uri": str(gone), "size_bytes": gone.stat().st_size})
+    gone.unlink()
     tables.merge(RAW_VIDEOS, to_arrow(RAW_VIDEOS, raw), ["video_id"])
     port = free_port()
     log = open(root / "server.log", "w")
@@ -85,7 +89,7 @@ def server(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, "service did not answer in 90 s"
             time.sleep(0.5)
-        yield {"url": url, "clips": clips, "pid": proc.pid}
+        yield {"url": url, "clips": clips, "pid": proc.pid, "root": str(root)}
     finally:
         stop(proc, grace_s=20)
         log.close()
@@ -139,6 +143,100 @@ def test_api(server):
     assert get(f"{url}/api/videos/{vid}/file", {"Range": "bytes=999999999-"})[0] == 416
     assert get(f"{url}/openapi.json")[0] == 200 and get(f"{url}/docs")[0] == 200
     assert get(f"{url}/")[0] == 200
+
+
+def send(url: str, method: str = "GET", body: bytes | None = None, headers: dict | None = None):
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def post_big(url: str, path: str, size: int, chunked: bool) -> int:
+    """POST ``size`` bytes (with Content-Length, or chunked with none) and return the status; the server
+    may answer and close before the body is sent, which is what a size limit enforced while reading does."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    conn = http.client.HTTPConnection(urlsplit(url).netloc, timeout=60)
+    conn.putrequest("POST", path)
+    conn.putheader("Content-Type", "application/octet-stream")
+    if chunked:
+        conn.putheader("Transfer-Encoding", "chunked")
+    else:
+        conn.putheader("Content-Length", str(size))
+    conn.endheaders()
+    chunk = b"a" * (1024 * 1024)
+    try:
+        for _ in range(size // len(chunk)):
+            conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+        if chunked:
+            conn.send(b"0\r\n\r\n")
+    except OSError:  # the server answered and closed first
+        pass
+    try:
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+HOSTILE = [
+    "inf", "-inf", "nan", "NaN", "1e308", "-1e308", "-1", "0", "1e9", "99999999999999999999999", "", " ", "'",
+    "' OR 1=1 --", "x') OR (1=1", "%00", "%ED%A0%80", "..%2F..%2Fetc%2Fpasswd", "a" * 3000, "%E2%80%AE", "\\",
+    "confirmed", "object_handling", "1", "0.5", "%0Aforged",
+]  # fmt: skip
+
+
+def test_no_input_makes_the_service_answer_500_or_leak_a_path(server):
+    """A bounded, seeded fuzz of every endpoint with hostile values (non-finite and huge numbers, SQL
+    quotes, NULs, lone surrogates, traversal, bidi overrides, megabytes of text): every answer is 2xx or
+    4xx, never 5xx, and no answer names a server path; a registered file that is gone is 410."""
+    import random
+    from urllib.parse import quote
+
+    url, root, vid = server["url"], server["root"], server["clips"][0]["sha256"]
+    rng = random.Random(20261205)
+    ids = [vid, "unknown", GONE_ID, "..%2F..%2Fetc%2Fpasswd", "%ED%A0%80"]
+    routes = {
+        "/api/search": ["q", "k", "offset", "sources", "w_lexical", "w_semantic", "video_id"],
+        "/api/window": ["video_id", "start_s", "end_s"],
+        "/api/frames/similar": ["video_id", "t", "k"],
+        "/api/events": ["use_case", "verdict", "min_confidence", "after_s", "before_s", "video_id", "k"],
+    }
+    seen = set()
+
+    def check(what, status, body):
+        seen.add(status)
+        assert status < 500, (what, status, body[:300])
+        assert root.encode() not in body, (what, body[:300])
+
+    for _ in range(300):
+        path, names = rng.choice(list(routes.items()))
+        picked = rng.sample(names, rng.randint(1, len(names)))
+        query = "&".join(f"{n}={quote(rng.choice(HOSTILE + ids), safe='%')}" for n in picked)
+        check(path + "?" + query, *send(f"{url}{path}?{query}"))
+    for video in ids:
+        for t in HOSTILE:
+            check(f"thumbnail {video} {t}", *send(f"{url}/api/videos/{video}/thumbnail?t={quote(t, safe='%')}"))
+        check(f"video {video}", *send(f"{url}/api/videos/{video}"))
+        for rng_header in ("bytes=0-9", "bytes=-5", "bytes=9-0", "bytes=abc", "bytes=0-99999999999999999999"):
+            check(f"file {video} {rng_header}", *send(f"{url}/api/videos/{video}/file", headers={"Range": rng_header}))
+    for question in (b'{"question": "\\ud800"}', b'{"question": "\\ud800?", "k": 1e308}', b"{", b'{"k": "x"}'):
+        check(f"ask {question!r}", *send(f"{url}/api/ask", "POST", question, {"Content-Type": "application/json"}))
+    assert send(f"{url}/api/videos/{GONE_ID}/file")[0] == 410
+    assert send(f"{url}/api/videos/{GONE_ID}/thumbnail?t=1")[0] == 410
+    assert send(f"{url}/api/videos/{vid}/thumbnail?t=1e308")[0] == 422
+    assert (
+        send(f"{url}/api/events?after_s=nan")[0] == 422
+        and send(f"{url}/api/window?video_id={vid}&start_s=0&end_s=inf")[0] == 422
+    )
+    assert send(f"{url}/api/events?use_case=x'%20OR%201=1%20--")[0] == 422
+    for path in ("/api/frames/similar", "/api/ask"):  # 21 MB, stated or streamed: refused while it comes in
+        assert post_big(url, path, 21 * 1024 * 1024, chunked=False) == 413
+        assert post_big(url, path, 21 * 1024 * 1024, chunked=True) == 413
+    assert {200, 404, 422} <= seen
 
 
 @pytest.mark.browser

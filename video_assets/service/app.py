@@ -24,20 +24,57 @@ from pathlib import Path
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
-from video_assets.core.search.api import Hit
+from video_assets.core.search.api import Hit, public
 from video_assets.core.search.index import DEPTH, MAX_K, SOURCES
+from video_assets.core.uploads.discovery import printable
 
 STATIC = Path(__file__).resolve().parent / "static"
 THUMB_WIDTH = 320
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 CHUNK = 256 * 1024
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+MAX_SECONDS = 10_000_000.0  # about 116 days: any time in a video; larger (1e308, inf) is refused with 422
+MAX_WEIGHT = 100.0
+
+
+def seconds(default, description: str = "seconds into the video"):
+    """A query parameter holding a time: finite and within [0, MAX_SECONDS], else 422 (never a 500)."""
+    return Query(default, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description=description)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes is refused with 413 while it is read (by its
+    stated length, else as it streams in), whichever endpoint reads it; never held whole in memory."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        stated = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if stated.isdigit() and int(stated) > self.limit:
+            return await JSONResponse({"detail": f"body over {self.limit} bytes"}, status_code=413)(
+                scope, receive, send
+            )
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b"")) if message["type"] == "http.request" else 0
+            if seen > self.limit:  # raised inside the endpoint's read: its exception handler answers 413
+                raise HTTPException(413, f"body over {self.limit} bytes")
+            return message
+
+        return await self.app(scope, limited, send)
 
 
 def _hits(hits: list[Hit]) -> dict:
-    return {"count": len(hits), "hits": [h.to_dict() for h in hits]}
+    return {"count": len(hits), "hits": public([h.to_dict() for h in hits])}
 
 
 class Videos:
@@ -69,6 +106,7 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
         description="Hybrid search over the video archive's transcripts, captions, frames and events.",
         version="1",
     )
+    app.add_middleware(BodyLimit, limit=MAX_UPLOAD_BYTES)
     app.state.searcher = searcher
     app.state.tables = tables
     app.state.volume = volume
@@ -88,10 +126,16 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
         if videos.uri(video_id) is None and not has_video(video_id):
             raise HTTPException(404, f"unknown video_id {video_id!r}")
 
-    def open_video(uri: str):
-        if volume is not None:
-            return volume.open(uri)
-        return open(uri.removeprefix("file://"), "rb")
+    def open_video(video_id: str, uri: str):
+        """The registered file, or 410 (gone from the volume) / 404 (refused: a link, not a regular file)."""
+        try:
+            if volume is not None:
+                return volume.open(uri)
+            return open(uri.removeprefix("file://"), "rb")
+        except FileNotFoundError as exc:
+            raise HTTPException(410, f"the file of video {video_id} is no longer in the volume") from exc
+        except (OSError, ValueError) as exc:
+            raise HTTPException(404, f"the file of video {video_id} cannot be read ({type(exc).__name__})") from exc
 
     @api.get("/search", summary="Hybrid lexical + semantic search (weighted reciprocal rank fusion)")
     def search(
@@ -99,8 +143,12 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
         k: int = Query(10, ge=1, le=MAX_K, description="hits per page"),
         offset: int = Query(0, ge=0, description=f"hits to skip (offset + k <= {DEPTH})"),
         sources: str = Query("transcript,caption", description=f"comma-separated, of {', '.join(SOURCES)}"),
-        w_lexical: float | None = Query(None, description="weight of the BM25 ranking (default 1)"),
-        w_semantic: float | None = Query(None, description="weight of the vector ranking (default 1)"),
+        w_lexical: float | None = Query(
+            None, ge=0, le=MAX_WEIGHT, allow_inf_nan=False, description="weight of the BM25 ranking (default 1)"
+        ),
+        w_semantic: float | None = Query(
+            None, ge=0, le=MAX_WEIGHT, allow_inf_nan=False, description="weight of the vector ranking (default 1)"
+        ),
         video_id: str | None = Query(None, description="only this video"),
     ) -> dict:
         if not q.strip():
@@ -122,22 +170,23 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
         return {"query": q, "k": k, "offset": offset, **_hits(hits)}
 
     @api.get("/window", summary="Transcript segments and captions overlapping a time window")
-    def window(video_id: str, start_s: float, end_s: float) -> dict:
+    def window(video_id: str, start_s: float = seconds(...), end_s: float = seconds(...)) -> dict:
         if end_s < start_s:
             raise HTTPException(422, "end_s is before start_s")
         known(video_id)
-        return _hits(searcher.search_window(video_id, start_s, end_s))
+        try:
+            return _hits(searcher.search_window(video_id, start_s, end_s))
+        except ValueError as exc:  # a value the index's filter refuses
+            raise HTTPException(422, printable(exc)) from exc
 
     @api.get("/frames/similar", summary="Frames nearest to a stored frame (the one nearest t)")
-    def similar(video_id: str, t: float = 0.0, k: int = Query(10, ge=1, le=MAX_K)) -> dict:
+    def similar(video_id: str, t: float = seconds(0.0), k: int = Query(10, ge=1, le=MAX_K)) -> dict:
         known(video_id)
         return _hits(searcher.similar_frames(video_id, t, k))
 
     @api.post("/frames/similar", summary="Frames nearest to an uploaded image (multipart field 'image', or raw)")
     async def similar_image(request: Request, k: int = Query(10, ge=1, le=MAX_K)) -> dict:
-        body = await request.body()
-        if len(body) > MAX_UPLOAD_BYTES:
-            raise HTTPException(413, f"image over {MAX_UPLOAD_BYTES} bytes")
+        body = await request.body()  # at most MAX_UPLOAD_BYTES: BodyLimit refuses more while it streams in
         data = _uploaded_image(request.headers.get("content-type", ""), body)
         try:
             from PIL import Image
@@ -153,42 +202,45 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
     def events(
         use_case: str | None = None,
         verdict: str | None = None,
-        min_confidence: float | None = Query(None, ge=0, le=1),
-        after_s: float | None = None,
-        before_s: float | None = None,
+        min_confidence: float | None = Query(None, ge=0, le=1, allow_inf_nan=False),
+        after_s: float | None = seconds(None),
+        before_s: float | None = seconds(None),
         video_id: str | None = None,
         k: int = Query(50, ge=1, le=1000),
     ) -> dict:
         if after_s is not None and before_s is not None and before_s < after_s:
             raise HTTPException(422, "before_s is before after_s")
-        found = searcher.events(use_case, verdict, min_confidence, after_s, before_s, k, video_id=video_id)
+        try:
+            found = searcher.events(use_case, verdict, min_confidence, after_s, before_s, k, video_id=video_id)
+        except ValueError as exc:  # a name the index's filter refuses (see core.search.index)
+            raise HTTPException(422, printable(exc)) from exc
         return _hits(found)
 
     @api.get("/videos/{video_id}", summary="Everything indexed for one video, in time order")
     def video(video_id: str) -> dict:
         known(video_id)
-        return {"video_id": video_id, "uri": videos.uri(video_id), **_hits(searcher.video(video_id))}
+        return {"video_id": video_id, **public({"uri": videos.uri(video_id) or ""}), **_hits(searcher.video(video_id))}
 
     @lru_cache(maxsize=256)
     def thumbnail_bytes(video_id: str, t_ms: int) -> bytes:
         from video_assets.core.media.thumbnails import frame_jpeg
 
-        with open_video(registered(video_id)) as stream:
+        with open_video(video_id, registered(video_id)) as stream:
             return frame_jpeg(stream, t_ms / 1000.0, THUMB_WIDTH)
 
     @api.get("/videos/{video_id}/thumbnail", summary="JPEG of the frame at t (seconds)")
-    def thumbnail(video_id: str, t: float = Query(0.0, ge=0)) -> Response:
+    def thumbnail(video_id: str, t: float = seconds(0.0)) -> Response:
         registered(video_id)
         try:
             data = thumbnail_bytes(video_id, int(round(t * 1000 / 100)) * 100)  # cached per 0.1 s
-        except (OSError, ValueError) as exc:
-            raise HTTPException(422, f"no frame at t={t}: {exc}") from exc
+        except (OSError, ValueError) as exc:  # the reason's class only: its text may hold a server path
+            raise HTTPException(422, f"no frame at t={t}: {type(exc).__name__}") from exc
         return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
 
     @api.get("/videos/{video_id}/file", summary="The video's bytes (HTTP Range honoured)")
     def file(video_id: str, request: Request) -> Response:
         uri = registered(video_id)
-        stream = open_video(uri)
+        stream = open_video(video_id, uri)
         size = stream.seek(0, io.SEEK_END)
         media = mimetypes.guess_type(uri)[0] or "application/octet-stream"
         headers = {"Accept-Ranges": "bytes"}
@@ -238,6 +290,15 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def _reason(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Where and why, escaped; never the input echoed back (a lone surrogate cannot even be encoded).
+        detail = [
+            {"loc": [printable(p) for p in e.get("loc", ())], "msg": printable(e.get("msg", "")), "type": e.get("type")}
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     return app
 

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, field_validator
 
 from video_assets.core.qa.agent import ask
+from video_assets.core.search.api import public
 
 router = APIRouter()
 
@@ -27,4 +28,4 @@ class AskRequest(BaseModel):
 def ask_question(body: AskRequest, request: Request) -> dict:
     """The answer: text citing evidence as [n], the cited hits, the plan run, mode and notes."""
     state = request.app.state
-    return ask(body.question, state.searcher, getattr(state, "llm", None), k=body.k).to_dict()
+    return public(ask(body.question, state.searcher, getattr(state, "llm", None), k=body.k).to_dict())

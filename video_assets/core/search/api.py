@@ -76,3 +76,12 @@ class Searcher(Protocol):
     def video(self, video_id: str) -> list[Hit]:
         """Everything indexed for one video (segments, captions, events, its summary), in time order."""
         ...
+
+
+def public(obj):
+    """A response with every ``uri`` reduced to the file's name: no server path leaves the service."""
+    if isinstance(obj, dict):
+        return {k: (v.rsplit("/", 1)[-1] if k == "uri" and isinstance(v, str) else public(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [public(v) for v in obj]
+    return obj

@@ -27,6 +27,8 @@ pages are stable.
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -212,6 +214,24 @@ def _quote(value: str) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
+# What a value from a request may be before it enters a LanceDB filter (which is SQL text): names of
+# letters, digits and ``_.-`` (ids are sha256 hex), and finite numbers; anything else is a ValueError.
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def _name(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise ValueError(f"{what} must be 1-128 letters, digits, '_', '.' or '-'")
+    return _quote(value)
+
+
+def _number(value: float, what: str) -> str:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be a finite number")
+    return repr(number)
+
+
 def write_batch(index_uri: str, batch_key: str, rows: dict[str, pa.Table | None]) -> dict:
     """Replace batch ``batch_key``'s rows of each named index table by ``rows[name]`` (None or empty:
     the batch then has no rows there): delete, add, then bring the table's full-text index up to date
@@ -379,7 +399,7 @@ class LanceSearcher:
             wanted = [s for s in sources if TABLE_OF[s] == name]
             where = f"{self._version_filter(name)} AND source IN ({', '.join(map(_quote, wanted))})"
             if video_id is not None:
-                where += f" AND video_id = {_quote(video_id)}"
+                where += f" AND video_id = {_name(video_id, 'video_id')}"
             if w_lex > 0:
                 try:
                     found = table.search(query, query_type="fts").where(where, prefilter=True).limit(DEPTH).to_list()
@@ -418,8 +438,8 @@ class LanceSearcher:
         if end_s < start_s:
             raise ValueError("end_s is before start_s")
         where = (
-            f"{self._version_filter(TEXTS)} AND video_id = {_quote(video_id)} "
-            f"AND start_s <= {float(end_s)!r} AND end_s >= {float(start_s)!r}"
+            f"{self._version_filter(TEXTS)} AND video_id = {_name(video_id, 'video_id')} "
+            f"AND start_s <= {_number(end_s, 'end_s')} AND end_s >= {_number(start_s, 'start_s')}"
         )
         return _in_time_order(_hit(r, 1.0) for r in self._rows(TEXTS, where))
 
@@ -439,22 +459,22 @@ class LanceSearcher:
         "confirmed events after 10 s"."""
         clauses = ["true"]
         if use_case is not None:
-            clauses.append(f"use_case = {_quote(use_case)}")
+            clauses.append(f"use_case = {_name(use_case, 'use_case')}")
         if verdict is not None:
-            clauses.append(f"verdict = {_quote(verdict)}")
+            clauses.append(f"verdict = {_name(verdict, 'verdict')}")
         if min_confidence is not None:
-            clauses.append(f"confidence >= {float(min_confidence)!r}")
+            clauses.append(f"confidence >= {_number(min_confidence, 'min_confidence')}")
         if after_s is not None:
-            clauses.append(f"start_s >= {float(after_s)!r}")
+            clauses.append(f"start_s >= {_number(after_s, 'after_s')}")
         if before_s is not None:
-            clauses.append(f"end_s <= {float(before_s)!r}")
+            clauses.append(f"end_s <= {_number(before_s, 'before_s')}")
         if video_id is not None:
-            clauses.append(f"video_id = {_quote(video_id)}")
+            clauses.append(f"video_id = {_name(video_id, 'video_id')}")
         hits = _in_time_order(_hit(r, 1.0) for r in self._rows(EVENTS, " AND ".join(clauses)))
         return hits[:k]
 
     def video(self, video_id: str) -> list[Hit]:
-        vid = f"video_id = {_quote(video_id)}"
+        vid = f"video_id = {_name(video_id, 'video_id')}"
         rows = self._rows(TEXTS, f"{self._version_filter(TEXTS)} AND {vid}")
         rows += self._rows(EVENTS, vid) + self._rows(SUMMARIES, vid)
         return _in_time_order(_hit(r, 1.0) for r in rows)
@@ -471,7 +491,9 @@ class LanceSearcher:
         return None
 
     def has_video(self, video_id: str) -> bool:
-        vid = f"video_id = {_quote(video_id)}"
+        if not isinstance(video_id, str) or not _NAME.fullmatch(video_id):
+            return False  # no id of the index looks like this
+        vid = f"video_id = {_name(video_id, 'video_id')}"
         return any(
             (t := self._table(n)) is not None and t.count_rows(vid) > 0 for n in (TEXTS, FRAMES, EVENTS, SUMMARIES)
         )
@@ -479,7 +501,7 @@ class LanceSearcher:
     # -- frames ------------------------------------------------------------------------------------
     def frame_at(self, video_id: str, t: float) -> dict | None:
         """The stored frame of ``video_id`` nearest to ``t`` (its row, vector included)."""
-        rows = self._rows(FRAMES, f"{self._version_filter(FRAMES)} AND video_id = {_quote(video_id)}")
+        rows = self._rows(FRAMES, f"{self._version_filter(FRAMES)} AND video_id = {_name(video_id, 'video_id')}")
         return min(rows, key=lambda r: (abs(r["start_s"] - t), r["start_s"])) if rows else None
 
     def similar_frames(self, video_id: str, t: float, k: int = 10) -> list[Hit]:
