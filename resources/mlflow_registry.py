@@ -12,6 +12,7 @@ short request, instead of the client's retries (over 10 minutes against an unrea
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
-from video_assets.core.inference.model_cache import ModelFiles, download_once
+from video_assets.core.inference.model_cache import MANIFEST, ModelFiles, download_once, manifest_bytes
 
 PREFLIGHT_TIMEOUT_S = 5.0
 
@@ -71,6 +72,9 @@ class RegisteredPrompt:
     @property
     def uri(self) -> str:
         return f"prompts:/{self.name}@{self.alias}"
+
+
+FILES_TAG = "files_sha256"  # a model version's tag: sha256 of its logged SHA256SUMS.json
 
 
 class MlflowRegistry(ConfigurableResource):
@@ -225,17 +229,28 @@ class MlflowRegistry(ConfigurableResource):
             _pipeline_classes_resolved(),
         ):
             if flavor == "files":
-                client.log_artifacts(run.info.run_id, str(folder), "model")
+                logged = Path(folder)
             else:
                 # Path form: MLflow copies the folder; the dict form fails for multimodal processors.
                 mlflow.transformers.save_model(transformers_model=str(folder), path=f"{tmp}/model", task=task)
-                client.log_artifacts(run.info.run_id, f"{tmp}/model", "model")
+                logged = Path(f"{tmp}/model")
+            # Every file's sha256, logged beside the files; its own digest is the version's files_sha256
+            # tag: every download and every use of a cached copy is checked against both.
+            manifest = manifest_bytes(logged)
+            (Path(tmp) / MANIFEST).write_bytes(manifest)
+            client.log_artifacts(run.info.run_id, str(logged), "model")
+            client.log_artifact(run.info.run_id, str(Path(tmp) / MANIFEST), "model")
             source_uri = f"{run.info.artifact_uri.rstrip('/')}/model"
         version = client.create_model_version(
             name,
             source_uri,
             run_id=run.info.run_id,
-            tags={"source": source, "source_fingerprint": fingerprint, **(tags or {})},
+            tags={
+                "source": source,
+                "source_fingerprint": fingerprint,
+                FILES_TAG: hashlib.sha256(manifest).hexdigest(),
+                **(tags or {}),
+            },
         )
         if set_alias:
             client.set_registered_model_alias(name, alias, version.version)
@@ -326,9 +341,14 @@ class MlflowRegistry(ConfigurableResource):
     def model_files(self, name: str, alias: str, dest: Path, node_cache_dir: str) -> tuple[ModelFiles, str]:
         """``download_model`` plus what another node needs to fetch the same version into its
         ``node_cache_dir``: one alias lookup, so the folder and the artifact URI are one version."""
-        version = self.resolve_alias(name, alias)
-        path = download_once(version.source, Path(dest) / f"{name}-v{version.version}", self.tracking_uri)
-        return ModelFiles(str(path), version.source, node_cache_dir, self.tracking_uri), str(version.version)
+        return self.version_files(self.resolve_alias(name, alias), dest, node_cache_dir)
+
+    def version_files(self, version, dest: Path, node_cache_dir: str) -> tuple[ModelFiles, str]:
+        """One registered version (an MLflow ModelVersion) downloaded under ``dest`` and checked against
+        the digests it was registered with; what other nodes need to fetch it too."""
+        sha = (version.tags or {}).get(FILES_TAG)
+        path = download_once(version.source, Path(dest) / f"{version.name}-v{version.version}", self.tracking_uri, sha)
+        return ModelFiles(str(path), version.source, node_cache_dir, self.tracking_uri, sha), str(version.version)
 
     def artifact_uri(self, name: str, alias: str) -> str:
         """Where the version behind ``alias`` is stored: what a Ray actor on another node downloads."""

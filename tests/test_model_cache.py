@@ -63,3 +63,47 @@ def test_the_steps_own_folder_wins_where_it_exists(registered, tmp_path, tiny_mo
     assert not (tmp_path / "node-models").exists()
     with pytest.raises(FileNotFoundError, match="not on this node and no artifact URI"):
         local_model("/nonexistent/model", None, str(tmp_path))
+
+
+def _flip_one_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_model_file_changed_by_one_byte_is_refused_naming_the_file(tiny_model_cache, tmp_path):
+    """Registration logs every file's sha256 (SHA256SUMS.json, its own digest a version tag); a download
+    and every later use of the cached copy are checked against it: one byte changed in the cache, or in
+    the artifact store, is refused with the file and both digests named, never loaded."""
+    from video_assets.core.inference.model_cache import MANIFEST, ModelFilesChanged
+
+    reg = MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art"))
+    reg.register_model_folder(tiny_model_cache / TINY_MODEL_SOURCE, "captioner", "production", "tiny", "fp-1")
+    version = reg.resolve_alias("captioner", "production")
+    assert len(version.tags["files_sha256"]) == 64
+    files, _ = reg.model_files("captioner", "production", tmp_path / "dl", node_cache_dir=str(tmp_path / "nodes"))
+    assert files.files_sha256 == version.tags["files_sha256"]
+    weights = max(Path(files.path).rglob("*.safetensors"), key=lambda p: p.stat().st_size)
+
+    _flip_one_byte(weights)  # the cached copy, changed on disk
+    with pytest.raises(ModelFilesChanged) as err:
+        reg.model_files("captioner", "production", tmp_path / "dl", node_cache_dir=str(tmp_path / "nodes"))
+    assert str(weights) in str(err.value) and "registered" in str(err.value)
+    _flip_one_byte(weights)  # back: accepted again
+    reg.model_files("captioner", "production", tmp_path / "dl", node_cache_dir=str(tmp_path / "nodes"))
+
+    # An extra file beside the weights (code a loader might run) is refused too.
+    (weights.parent / "extra.py").write_text("print('hi')")
+    with pytest.raises(ModelFilesChanged, match="extra.py: not a file of the registered model"):
+        reg.model_files("captioner", "production", tmp_path / "dl", node_cache_dir=str(tmp_path / "nodes"))
+
+    # The artifact store's copy changed: a fresh download is refused and never becomes the cache.
+    stored = max((tmp_path / "art").rglob(weights.name), key=lambda p: p.stat().st_size)
+    _flip_one_byte(stored)
+    with pytest.raises(ModelFilesChanged, match=weights.name):
+        reg.model_files("captioner", "production", tmp_path / "fresh", node_cache_dir=str(tmp_path / "nodes"))
+    assert not any((tmp_path / "fresh").glob("*/.complete"))
+    # On another node (a Ray actor's own download), the same check.
+    with pytest.raises(ModelFilesChanged):
+        local_model("/nonexistent", files.artifact_uri, str(tmp_path / "node2"), files.tracking_uri, files.files_sha256)
+    assert len(list((tmp_path / "dl").rglob(MANIFEST))) == 1  # downloaded with the files it lists

@@ -18,7 +18,7 @@ from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
 from video_assets.core.captioning.versions import caption_digest, split_key
 from video_assets.core.inference import choose_engine_name, vllm_importable
-from video_assets.core.inference.model_cache import ModelFiles, download_once
+from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.service_runner import streamed
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
@@ -80,10 +80,8 @@ def resolve_caption_model(registry: MlflowRegistry, vlm: VlmSettings, alias: str
 def model_files_of(registry: MlflowRegistry, vlm: VlmSettings, version: str) -> ModelFiles:
     """The files of one caption model version (the one lineage names, whatever the alias says now),
     downloaded for this step, with what other nodes need to fetch them."""
-    name = vlm.registered_model
-    source = registry.client().get_model_version(name, version).source
-    path = download_once(source, Path(vlm.cache_dir) / "registry" / f"{name}-v{version}", registry.tracking_uri)
-    return ModelFiles(str(path), source, vlm.cache_dir, registry.tracking_uri)
+    found = registry.client().get_model_version(vlm.registered_model, version)
+    return registry.version_files(found, Path(vlm.cache_dir) / "registry", vlm.cache_dir)[0]
 
 
 def job_spec(

@@ -8,7 +8,6 @@ from dagster import Failure
 
 from resources.archive import FRAMES, SPEECH, TEXT, ArchiveSettings
 from resources.mlflow_registry import MlflowRegistry, RegistryError, is_not_found
-from video_assets.core.inference.model_cache import ModelFiles, download_once
 
 CAPTION_PROMPT_NAME = "video-caption"
 CAPTION_PROMPT_FILE = Path(__file__).resolve().parents[1] / "prompts" / "caption.txt"
@@ -31,9 +30,8 @@ def archive_model_files(
     dest = Path(archive.cache_dir) / "registry"
     try:
         if version is not None:
-            source = mlflow_registry.client().get_model_version(name, version).source
-            path = download_once(source, dest / f"{name}-v{version}", mlflow_registry.tracking_uri)
-            return ModelFiles(str(path), source, archive.cache_dir, mlflow_registry.tracking_uri), str(version)
+            found = mlflow_registry.client().get_model_version(name, version)
+            return mlflow_registry.version_files(found, dest, archive.cache_dir)
         return mlflow_registry.model_files(name, archive.alias, dest, archive.cache_dir)
     except MlflowException as exc:
         if not is_not_found(exc):

@@ -5,11 +5,66 @@ A file lock makes two actors on one node wait for one download instead of both w
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 COMPLETE = ".complete"  # written last: a folder without it is a download that did not finish
+# Logged with every registered model: {relative path: sha256} of each file. The registry's version tag
+# ``files_sha256`` is the sha256 of this file, so the list itself cannot be swapped with the files.
+MANIFEST = "SHA256SUMS.json"
+_READ = 1 << 20
+
+
+class ModelFilesChanged(RuntimeError):
+    """A model file differs from what was registered; the message names the file and both digests."""
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_READ):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest_bytes(folder: Path) -> bytes:
+    """The manifest of ``folder``: every file's sha256, by its path relative to the folder."""
+    files = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name not in (MANIFEST, COMPLETE))
+    digests = {p.relative_to(folder).as_posix(): file_sha256(p) for p in files}
+    return json.dumps(digests, indent=1, sort_keys=True).encode()
+
+
+def verify_files(folder: Path, files_sha256: str | None, what: str = "") -> None:
+    """Check a downloaded model against its registered manifest (``files_sha256``: the manifest's own
+    sha256, from the registry): every listed file present with its digest, and no other file. None (a
+    version registered before manifests) checks nothing. Raises ``ModelFilesChanged`` naming the file."""
+    if files_sha256 is None:
+        return
+    folder = Path(folder)
+    found = [p for p in folder.rglob(MANIFEST)]
+    if len(found) != 1:
+        raise ModelFilesChanged(f"{what or folder}: {MANIFEST} missing; delete {folder} to download it again")
+    listed = found[0].read_bytes()
+    if (got := hashlib.sha256(listed).hexdigest()) != files_sha256:
+        raise ModelFilesChanged(f"{found[0]}: sha256 {got}, registered {files_sha256}: the file list was changed")
+    root, expected = found[0].parent, json.loads(listed)
+    extra = sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and p.name not in (MANIFEST, COMPLETE) and p.relative_to(root).as_posix() not in expected
+    )
+    if extra:
+        raise ModelFilesChanged(f"{root / extra[0]}: not a file of the registered model ({len(extra)} such files)")
+    for rel, want in expected.items():
+        path = root / rel
+        got = file_sha256(path) if path.is_file() else "missing"
+        if got != want:
+            raise ModelFilesChanged(
+                f"{path}: sha256 {got}, registered {want}: the model file was changed; "
+                f"delete {folder} to download it again, or register the model anew"
+            )
 
 
 def model_dir(root: Path) -> Path:
@@ -23,18 +78,24 @@ def model_dir(root: Path) -> Path:
     return hits[0].parent
 
 
-def download_once(artifact_uri: str, target: Path, tracking_uri: str | None = None) -> Path:
+def download_once(
+    artifact_uri: str, target: Path, tracking_uri: str | None = None, files_sha256: str | None = None
+) -> Path:
     """``artifact_uri`` downloaded into ``target`` exactly once per machine, whoever asks first;
-    returns the model folder inside it."""
-    return _download_once(artifact_uri, target, tracking_uri)[0]
+    returns the model folder inside it. Checked against ``files_sha256`` (``verify_files``) after the
+    download and on every later use of the cached copy."""
+    return _download_once(artifact_uri, target, tracking_uri, files_sha256)[0]
 
 
-def _download_once(artifact_uri: str, target: Path, tracking_uri: str | None) -> tuple[Path, bool]:
+def _download_once(
+    artifact_uri: str, target: Path, tracking_uri: str | None, files_sha256: str | None = None
+) -> tuple[Path, bool]:
     """The model folder, and whether this call downloaded it."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     downloaded = False
     if (target / COMPLETE).exists():
+        verify_files(target, files_sha256, artifact_uri)
         return model_dir(target), downloaded
     from filelock import FileLock
 
@@ -47,10 +108,13 @@ def _download_once(artifact_uri: str, target: Path, tracking_uri: str | None) ->
             mlflow.artifacts.download_artifacts(
                 artifact_uri=artifact_uri, dst_path=str(partial), tracking_uri=tracking_uri
             )
+            verify_files(partial, files_sha256, artifact_uri)  # a changed artifact never becomes the cache
             shutil.rmtree(target, ignore_errors=True)
             partial.rename(target)
             (target / COMPLETE).touch()
             downloaded = True
+        else:
+            verify_files(target, files_sha256, artifact_uri)
     return model_dir(target), downloaded
 
 
@@ -59,14 +123,20 @@ def node_cache_path(artifact_uri: str, cache_dir: str) -> Path:
     return Path(cache_dir) / "node-models" / hashlib.sha256(artifact_uri.encode()).hexdigest()[:16]
 
 
-def local_model(model_path: str, artifact_uri: str | None, cache_dir: str, tracking_uri: str | None = None) -> str:
+def local_model(
+    model_path: str,
+    artifact_uri: str | None,
+    cache_dir: str,
+    tracking_uri: str | None = None,
+    files_sha256: str | None = None,
+) -> str:
     """``model_path`` when this machine has it (the step's own download, or a shared filesystem);
-    else the artifact downloaded into this node's ``cache_dir``."""
+    else the artifact downloaded into this node's ``cache_dir`` (checked against ``files_sha256``)."""
     if (Path(model_path) / "config.json").exists():
         return model_path
     if not artifact_uri:
         raise FileNotFoundError(f"model folder {model_path} is not on this node and no artifact URI was given")
-    return str(download_once(artifact_uri, node_cache_path(artifact_uri, cache_dir), tracking_uri))
+    return str(download_once(artifact_uri, node_cache_path(artifact_uri, cache_dir), tracking_uri, files_sha256))
 
 
 @dataclass(frozen=True)
@@ -78,10 +148,11 @@ class ModelFiles:
     artifact_uri: str | None = None
     cache_dir: str = ""
     tracking_uri: str | None = None
+    files_sha256: str | None = None  # the registered manifest's sha256 (``verify_files``)
 
     def here(self) -> str:
         """A folder with the model on the machine running this (downloading it once if needed)."""
-        return local_model(self.path, self.artifact_uri, self.cache_dir, self.tracking_uri)
+        return local_model(self.path, self.artifact_uri, self.cache_dir, self.tracking_uri, self.files_sha256)
 
 
 @dataclass
@@ -98,7 +169,10 @@ def _has_model(path: str) -> bool:
 
 def _download_here(files: ModelFiles) -> tuple[str, bool]:
     path, downloaded = _download_once(
-        files.artifact_uri or "", node_cache_path(files.artifact_uri or "", files.cache_dir), files.tracking_uri
+        files.artifact_uri or "",
+        node_cache_path(files.artifact_uri or "", files.cache_dir),
+        files.tracking_uri,
+        files.files_sha256,
     )
     return str(path), downloaded
 
