@@ -347,7 +347,10 @@ class MlflowRegistry(ConfigurableResource):
         """One registered version (an MLflow ModelVersion) downloaded under ``dest`` and checked against
         the digests it was registered with; what other nodes need to fetch it too."""
         sha = (version.tags or {}).get(FILES_TAG)
-        path = download_once(version.source, Path(dest) / f"{version.name}-v{version.version}", self.tracking_uri, sha)
+        # Keyed by the artifact too: "v1" of a registry made anew (or of another store sharing the models
+        # cache) is another model, not the cached one.
+        folder = f"{version.name}-v{version.version}-{hashlib.sha256(version.source.encode()).hexdigest()[:12]}"
+        path = download_once(version.source, Path(dest) / folder, self.tracking_uri, sha)
         return ModelFiles(str(path), version.source, node_cache_dir, self.tracking_uri, sha), str(version.version)
 
     def artifact_uri(self, name: str, alias: str) -> str:
