@@ -300,7 +300,11 @@ def test_the_whole_graph_on_s3_and_an_mlflow_server(bucket, mlflow_server, insta
     ]
     assert any(p.endswith("/model/config.json") for p in stored)
     assert any(p.endswith("/confusion.png") for p in stored)
-    assert (tmp_path / "cache" / "registry" / f"{vlm.registered_model}-v{version.version}" / ".complete").exists()
+    # Downloaded once into the models cache (keyed by name, version and artifact), and checked: its
+    # SHA256SUMS.json came with it and matches the version's files_sha256 tag.
+    [cached] = (tmp_path / "cache" / "registry").glob(f"{vlm.registered_model}-v{version.version}-*")
+    assert (cached / ".complete").exists() and any(cached.rglob("SHA256SUMS.json"))
+    assert len(version.tags["files_sha256"]) == 64
     prompt = client.load_prompt(f"prompts:/{CAPTION_PROMPT_NAME}@{vlm.alias}")
     assert prompt.template == CAPTION_PROMPT_FILE.read_text().strip()
 
