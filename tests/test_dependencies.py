@@ -71,6 +71,17 @@ def test_the_cpu_install_is_the_lock():
     for line in (ROOT / "requirements.lock").read_text().splitlines():
         if "==" in line and not line.startswith((" ", "#")):
             name, version = line.split("==")
-            locked[name.lower().replace("_", "-")] = version.strip()
+            locked[name.lower().replace("_", "-")] = version.split()[0]
     for name in ("dagster", "ray", "mlflow", "deltalake", "polars", "av", "torch", "transformers"):
         assert md.version(name) == locked[name], name
+
+
+def test_every_locked_package_is_pinned_by_its_files_hashes():
+    """`make install` runs pip with --require-hashes: every pin of the lock carries the sha256 of its
+    files, so a file that differs from the one locked (a re-upload, a tampered mirror) is refused."""
+    lines = (ROOT / "requirements.lock").read_text().splitlines()
+    pins = [i for i, line in enumerate(lines) if "==" in line and not line.startswith((" ", "#"))]
+    assert len(pins) > 100
+    for i in pins:
+        assert lines[i].endswith("\\") and lines[i + 1].strip().startswith("--hash=sha256:"), lines[i]
+    assert "--require-hashes -r requirements.lock" in (ROOT / "Makefile").read_text()
