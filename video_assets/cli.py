@@ -42,7 +42,7 @@ def _resources():
 
     built = build_resources()
     # EnvVar-backed fields resolve here, as they would inside a run (Ray is only started by runs).
-    return {k: built[k].process_config_and_initialize() for k in ("volume", "tables", "vlm", "structurer")}
+    return {k: built[k].process_config_and_initialize() for k in ("volume", "tables", "vlm")}
 
 
 def preflight() -> list[str]:

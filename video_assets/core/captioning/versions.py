@@ -111,6 +111,8 @@ def caption_digest(row: dict) -> str:
 
 
 def with_caption_digest(caps: pl.DataFrame) -> pl.DataFrame:
-    """``caps`` with its rows' ``caption_digest`` column."""
+    """``caps`` with its rows' ``caption_digest`` column (as it is, when it has one already)."""
+    if "caption_digest" in caps.columns:
+        return caps
     digests = [caption_digest(r) for r in caps.iter_rows(named=True)]
     return caps.with_columns(caption_digest=pl.Series(digests, dtype=pl.String))

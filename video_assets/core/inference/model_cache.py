@@ -29,10 +29,15 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _model_files(folder: Path) -> dict[str, Path]:
+    """A model folder's files by their path relative to it (the manifest and the download marker aside)."""
+    files = (p for p in Path(folder).rglob("*") if p.is_file() and p.name not in (MANIFEST, COMPLETE))
+    return {p.relative_to(folder).as_posix(): p for p in sorted(files)}
+
+
 def manifest_bytes(folder: Path) -> bytes:
     """The manifest of ``folder``: every file's sha256, by its path relative to the folder."""
-    files = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name not in (MANIFEST, COMPLETE))
-    digests = {p.relative_to(folder).as_posix(): file_sha256(p) for p in files}
+    digests = {rel: file_sha256(p) for rel, p in _model_files(folder).items()}
     return json.dumps(digests, indent=1, sort_keys=True).encode()
 
 
@@ -43,18 +48,14 @@ def verify_files(folder: Path, files_sha256: str | None, what: str = "") -> None
     if files_sha256 is None:
         return
     folder = Path(folder)
-    found = [p for p in folder.rglob(MANIFEST)]
+    found = list(folder.rglob(MANIFEST))
     if len(found) != 1:
         raise ModelFilesChanged(f"{what or folder}: {MANIFEST} missing; delete {folder} to download it again")
     listed = found[0].read_bytes()
     if (got := hashlib.sha256(listed).hexdigest()) != files_sha256:
         raise ModelFilesChanged(f"{found[0]}: sha256 {got}, registered {files_sha256}: the file list was changed")
     root, expected = found[0].parent, json.loads(listed)
-    extra = sorted(
-        p.relative_to(root).as_posix()
-        for p in root.rglob("*")
-        if p.is_file() and p.name not in (MANIFEST, COMPLETE) and p.relative_to(root).as_posix() not in expected
-    )
+    extra = [rel for rel in _model_files(root) if rel not in expected]
     if extra:
         raise ModelFilesChanged(f"{root / extra[0]}: not a file of the registered model ({len(extra)} such files)")
     for rel, want in expected.items():

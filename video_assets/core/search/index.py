@@ -491,9 +491,10 @@ class LanceSearcher:
         return None
 
     def has_video(self, video_id: str) -> bool:
-        if not isinstance(video_id, str) or not _NAME.fullmatch(video_id):
+        try:
+            vid = f"video_id = {_name(video_id, 'video_id')}"
+        except ValueError:
             return False  # no id of the index looks like this
-        vid = f"video_id = {_name(video_id, 'video_id')}"
         return any(
             (t := self._table(n)) is not None and t.count_rows(vid) > 0 for n in (TEXTS, FRAMES, EVENTS, SUMMARIES)
         )

@@ -103,10 +103,13 @@ def captions_without_rows(
 ) -> pl.DataFrame:
     """Caption rows (of the pair a run structured) lacking a structured row of that run, i.e. of each
     use case at its version (``{name: version}``) by ``structurer``, made from that very caption."""
-    if caps.is_empty() or not use_cases:
-        return caps.head(0).select("video_id", "segment").with_columns(use_case=pl.lit(None, pl.String))
     runs = pl.DataFrame(
-        {"use_case": list(use_cases), "use_case_version": list(use_cases.values()), "structurer": structurer}
+        {
+            "use_case": list(use_cases),
+            "use_case_version": list(use_cases.values()),
+            "structurer": [structurer] * len(use_cases),
+        },
+        schema={"use_case": pl.String, "use_case_version": pl.String, "structurer": pl.String},
     )
     expected = with_caption_digest(caps).select(_DERIVED_KEY).join(runs, how="cross")
     on = [*_DERIVED_KEY, "use_case", "use_case_version", "structurer"]
