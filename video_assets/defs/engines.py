@@ -16,7 +16,7 @@ from resources.ray_service import ray_outlives_steps
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
-from video_assets.core.captioning.versions import split_key
+from video_assets.core.captioning.versions import caption_digest, split_key
 from video_assets.core.inference import choose_engine_name, vllm_importable
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.service_runner import streamed
@@ -286,7 +286,8 @@ def structure_rows(
                 "uri": c["uri"],
                 "segment_start_s": c.get("segment_start_s"),
                 "segment_end_s": c.get("segment_end_s"),
-                "caption_digest": c["caption_digest"],  # plan_structuring's rows carry it
+                # plan_structuring's rows carry it; plain caption rows (any other caller) get it here
+                "caption_digest": c.get("caption_digest") or caption_digest(c),
                 **r,
                 "n_events": len(r["events"]),
                 "structured_at": now,
