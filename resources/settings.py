@@ -50,6 +50,13 @@ def default_index_uri() -> str:
     return f"{tables.rstrip('/').rsplit('/', 1)[0]}/search_index"
 
 
+def forward_env_names(defaults: tuple[str, ...]) -> list[str]:
+    """The variables steps send to their Ray workers: ``defaults`` plus RAY_FORWARD_ENV's comma-separated
+    names (e.g. a storage credential of another cloud)."""
+    extra = [n.strip() for n in os.environ.get("RAY_FORWARD_ENV", "").split(",") if n.strip()]
+    return list(dict.fromkeys([*defaults, *extra]))
+
+
 def default_models_dir() -> str:
     return str(dagster_home() / "models")
 

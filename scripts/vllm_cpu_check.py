@@ -6,11 +6,17 @@ The Dagster assets themselves, materialised on a local Ray with ``VLM_ENGINE=vll
 CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), registered in MLflow by
 ``vlm_model`` like any model:
 
+0. video timing: for the same frames, the Qwen2.5-VL temporal spacing (``second_per_grid_ts``) vLLM's own
+   multimodal processor computes from the row the project sends equals the transformers engine's, and both
+   equal the frames' real spacing (vLLM used to assume 24 fps);
 1. ``vlm_model``, ``caption_prompt``: the model folder registered behind ``production`` (SQLite MLflow);
 2. ``raw_videos``, ``video_metadata``, ``captions``: bundled clips captioned by vLLM; every segment must be
    ok with non-empty text, and the model placed on the node by the same code a cluster runs;
 3. ``structured_events``: JSON-schema structured outputs for the object_handling use case; every caption
-   gets a row that is parsed, retried or unparsed with a raw output.
+   gets a row that is parsed, retried or unparsed with a raw output;
+4. a poison batch: ``captions`` again (``recaption``) with a fatal engine error injected into every request
+   (``EngineDeadError``, on which Ray's stage exits its actor): the engine is started again, each batch is
+   tried a bounded number of times, the job finishes, and every segment is an error row saying why.
 
 Everything vLLM's CPU build needs is configuration (each resource's ``vllm`` setting), not code.
 
@@ -36,10 +42,10 @@ sys.path.insert(0, str(ROOT))  # the project is not installed in .venv-vllm-cpu:
 CLIPS = ("realshort.mp4", "sam2_04_coffee.mp4")
 DAMAGED = "damaged.mp4"  # probes fine, then damaged before captioning: the CPU stage's error row
 
-# What vLLM's CPU build needs, as configuration of the two resources (VllmSettings fields).
+# What vLLM's CPU build needs, as configuration of the two resources (VllmSettings fields). Everything
+# else is the GPU default, engine metrics to Ray's Prometheus endpoint included: only placement differs.
 CPU_OVERRIDES = dict(
     placement_group_config={"bundles": [{"CPU": 1}]},  # Ray's default asks for a GPU
-    log_engine_metrics=False,  # else Ray wants ray[serve] for its metrics exporter
     env_vars={"VLLM_CPU_KVCACHE_SPACE": "1"},  # GiB of KV cache; vLLM's default reserves far more
     dtype="float32",
     cpu_stage_max_actors=1,  # two cores: one actor per CPU stage
@@ -61,7 +67,16 @@ def resources(model: Path, work: Path, num_cpus: int) -> dict:
     from resources.vlm import VlmSettings
     from resources.volume import VideoVolume
 
-    ray_options = {"num_cpus": num_cpus, "include_dashboard": False}  # a logical CPU per stage actor
+    ray_options = {  # a logical CPU per stage actor
+        "num_cpus": num_cpus,
+        "include_dashboard": False,
+        # Step 4's fault injection (scripts/vllm_cpu/poison.py), idle until its flag file exists.
+        "runtime_env": {
+            "worker_process_setup_hook": "scripts.vllm_cpu.poison.install",
+            # PYTHONPATH: the hook is imported before Ray puts the driver's path on the worker's.
+            "env_vars": {"VLLM_CPU_CHECK_WORK": str(work), "PYTHONPATH": str(ROOT)},
+        },
+    }
     return {
         "volume": VideoVolume(uri=str(work / "volume")),
         "tables": DeltaTables(root_uri=str(work / "tables")),
@@ -84,6 +99,57 @@ def resources(model: Path, work: Path, num_cpus: int) -> dict:
         "ray_cluster": EmbeddedRay(ray_init_options=ray_options),
         "ray_on_demand": EmbeddedRay(ray_init_options=ray_options, lifecycle=Lifecycle(connect=False)),
     }
+
+
+# Frame times of a few segments: 0.5 fps (CCTV-style), 2 fps, a single frame, and uneven spacing.
+TIMINGS = ([0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0], [10.0, 10.5, 11.0, 11.5], [3.0], [0.0, 1.0, 3.0, 6.0])
+
+
+def check_video_timing(model: Path) -> list[dict]:
+    """The timing each engine gives the model for the same frames, read where each engine's processor
+    computes it: vLLM's chat parser + multimodal processor (what Ray's PrepareMultimodal and engine stages
+    run) on ``to_vllm_row``'s row, and ``TransformersEngine.prepare``."""
+    import asyncio
+
+    import numpy as np
+    import pyarrow as pa
+    from vllm.config import ModelConfig
+    from vllm.entrypoints.chat_utils import parse_chat_messages_async
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    from video_assets.core.captioning.requests import CaptionRequest, sampled_fps
+    from video_assets.core.captioning.transformers_engine import TransformersEngine
+    from video_assets.core.captioning.vllm_engine import to_vllm_row
+
+    config = ModelConfig(model=str(model), dtype="float32", max_model_len=8192)
+    processor = MULTIMODAL_REGISTRY.create_processor(config)
+    engine = TransformersEngine(str(model), device="cpu", dtype="float32")
+    rng = np.random.default_rng(0)
+    out = []
+    for ts in TIMINGS:
+        req = CaptionRequest("timing", rng.integers(0, 255, (len(ts), 56, 56, 3), dtype=np.uint8), ts, "Describe.")
+        row = to_vllm_row(req)
+        _, mm_data, _ = asyncio.run(parse_chat_messages_async(row["messages"], config, content_format="openai"))
+        items = processor.data_parser.parse_mm_data(mm_data)
+        # The kwargs as Ray's engine stage receives them: through Arrow into numpy (nested lists become arrays).
+        kwargs = pa.Table.from_pylist([{"k": row["mm_processor_kwargs"]}]).column("k").to_numpy(zero_copy_only=False)[0]
+        got = processor("<|vision_start|><|video_pad|><|vision_end|>", items, hf_processor_mm_kwargs=kwargs)
+        video = got["mm_kwargs"]["video"][0]
+        vllm_s = float(video["second_per_grid_ts"].data)
+        hf = engine.prepare([(0, req, req.frames)])
+        hf_s = float(hf["second_per_grid_ts"][0])
+        real = engine.processor.video_processor.temporal_patch_size / sampled_fps(ts)
+        check(
+            abs(vllm_s - hf_s) < 1e-6 and abs(hf_s - real) < 1e-6,
+            f"video timing for frames at {ts}: vLLM gives {vllm_s:.4f} s per temporal patch, transformers {hf_s:.4f},"
+            f" the frames' real spacing is {real:.4f}",
+        )
+        check(
+            video["video_grid_thw"].data.tolist() == hf["video_grid_thw"][0].tolist(),
+            f"video grid for frames at {ts}: vLLM {video['video_grid_thw'].data.tolist()}, transformers {hf['video_grid_thw'][0].tolist()}",
+        )
+        out.append({"timestamps": ts, "vllm_second_per_grid_ts": vllm_s, "transformers_second_per_grid_ts": hf_s})
+    return out
 
 
 def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
@@ -126,6 +192,10 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
         check(result.success, "captions")
         meta = result.asset_materializations_for_node("captions")[0].metadata
         check(meta["engine"].value == "vllm", f"captions ran on {meta['engine'].value}, not vllm")
+        # Engine time from overlapping requests counted once, never more than the job's wall time.
+        busy, wall = meta["engine_busy_s"].value, meta["job_wall_s"].value
+        check(0 < busy <= wall, f"engine_busy_s {busy} for a job of {wall} s")
+        check(len(meta["ray_nodes"].value["engine"]) == 1, f"engine node not reported: {meta['ray_nodes'].value}")
         t0 = time.perf_counter()
         result = materialize(
             [structured_events, captions],
@@ -138,28 +208,71 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
         times["structuring_s"] = time.perf_counter() - t0
         check(result.success, "structured_events")
 
-    caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
-    events = pl.read_delta(str(work / "tables" / "structured_events")).sort("video_id", "segment")
-    check(
-        set(caps["video_id"]) == set(pl.read_delta(str(work / "tables" / "raw_videos"))["video_id"]), "a video missing"
+        caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
+        events = pl.read_delta(str(work / "tables" / "structured_events")).sort("video_id", "segment")
+        check(
+            set(caps["video_id"]) == set(pl.read_delta(str(work / "tables" / "raw_videos"))["video_id"]),
+            "a video missing",
+        )
+        damaged = caps.filter(pl.col("uri").str.ends_with(DAMAGED))
+        check(
+            damaged.height == 1 and damaged["status"][0] == "error" and bool(damaged["error"][0]),
+            f"{DAMAGED}: {damaged}",
+        )
+        caps = caps.filter(~pl.col("uri").str.ends_with(DAMAGED))
+        events = events.filter(~pl.col("uri").str.ends_with(DAMAGED))
+        for r in caps.iter_rows(named=True):
+            where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
+            check(r["status"] == "ok", f"caption row not ok: {where} {r.get('error')}")
+            check(r["engine"] == "vllm", f"caption {where} by {r['engine']}")
+            check(bool((r["prose"] or "").strip()), f"empty caption: {where}")
+            check(r["output_tokens"] > 0 and r["input_tokens"] > 0, f"no token counts: {where}")
+        check(events.height == caps.height, f"{events.height} structured rows for {caps.height} captions")
+        for r in events.iter_rows(named=True):
+            check(
+                r["status"] in ("parsed", "retried", "unparsed"), f"structuring status {r['status']}: {r.get('error')}"
+            )
+            check(bool(r["raw_output"]), f"no raw output: {r}")
+        # Last: it replaces the captions with error rows.
+        times["poison_s"], poisoned = poison_batch(instance, res, key, work)
+    return {"times": times, "captions": caps.to_dicts(), "structured": events.to_dicts(), "poisoned": poisoned}
+
+
+def poison_batch(instance, res: dict, key: str, work: Path) -> tuple[float, list[dict]]:
+    """Captions again with every engine request failing fatally: bounded tries, a finished job, error rows."""
+    import polars as pl
+    from dagster import materialize
+
+    from video_assets.core.inference.retries import NO_RESULT, VLM_BATCH_RETRIES
+    from video_assets.defs.captioning.assets import captions
+    from video_assets.defs.ingest.assets import raw_videos, video_metadata
+
+    (work / "tries").mkdir()
+    (work / "poison").touch()
+    t0 = time.perf_counter()
+    result = materialize(
+        [raw_videos, video_metadata, captions],
+        selection=[captions],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4, "recaption": True}}}},
+        raise_on_error=False,
     )
-    damaged = caps.filter(pl.col("uri").str.ends_with(DAMAGED))
-    check(
-        damaged.height == 1 and damaged["status"][0] == "error" and bool(damaged["error"][0]), f"{DAMAGED}: {damaged}"
-    )
-    caps = caps.filter(~pl.col("uri").str.ends_with(DAMAGED))
-    events = events.filter(~pl.col("uri").str.ends_with(DAMAGED))
+    took = time.perf_counter() - t0
+    (work / "poison").unlink()
+    check(result.success, "captions with a poison engine: the job did not finish")
+    caps = pl.read_delta(str(work / "tables" / "captions")).filter(~pl.col("uri").str.ends_with(DAMAGED))
+    check(caps.height > 0, "no caption rows after the poison run")
     for r in caps.iter_rows(named=True):
-        where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
-        check(r["status"] == "ok", f"caption row not ok: {where} {r.get('error')}")
-        check(r["engine"] == "vllm", f"caption {where} by {r['engine']}")
-        check(bool((r["prose"] or "").strip()), f"empty caption: {where}")
-        check(r["output_tokens"] > 0 and r["input_tokens"] > 0, f"no token counts: {where}")
-    check(events.height == caps.height, f"{events.height} structured rows for {caps.height} captions")
-    for r in events.iter_rows(named=True):
-        check(r["status"] in ("parsed", "retried", "unparsed"), f"structuring status {r['status']}: {r.get('error')}")
-        check(bool(r["raw_output"]), f"no raw output: {r}")
-    return {"times": times, "captions": caps.to_dicts(), "structured": events.to_dicts()}
+        check(r["status"] == "error" and r["error"] == NO_RESULT, f"poisoned segment: {r['status']} {r['error']!r}")
+    engines = {p.name.split("-")[0] for p in (work / "tries").iterdir()}  # one engine process per try
+    tries = 1 + VLM_BATCH_RETRIES
+    check(
+        tries <= len(engines) <= tries * caps.height,
+        f"{len(engines)} engine processes tried the poison batches of {caps.height} segments (expected {tries} per batch)",
+    )
+    return took, caps.to_dicts()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         model = build_tiny_vlm_for_vllm(work / "tiny-qwen25-vl-vllm")
         model_s = time.perf_counter() - t0
+        timing = check_video_timing(model)
+        print(
+            "video timing ok (s per temporal patch, vLLM = transformers):",
+            [t["vllm_second_per_grid_ts"] for t in timing],
+        )
         out = run_assets(model, work, args.num_cpus)
+        out["video_timing"] = timing
         out["times"]["model_s"] = model_s
         print(f"captions ok: {len(out['captions'])} segments", flush=True)
         for r in out["captions"]:
@@ -193,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['status']} attempts={r['attempts']} {r['raw_output']!r}")
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+        print(f"poison batch ok: {len(out['poisoned'])} error rows, job finished", flush=True)
         print("vLLM CPU check passed", {k: round(v, 1) for k, v in out["times"].items()})
         return 0
     finally:

@@ -1,11 +1,16 @@
 import os
 import shutil
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance
 
 from tests.fixtures import samples
+from tests.fixtures.processes import free_port
 from tests.fixtures.samples import BUNDLED, CORPUS_SKIP, HAVE_CORPUS, REPO, SAMPLES, SHARED_SAMPLES, copy_samples
 
 # Where the samples live, and the copy that asks by name (tests/fixtures/samples.py: the corpus beside
@@ -116,3 +121,29 @@ def tiny_model(tiny_model_cache) -> Path:
     from resources.vlm import TINY_MODEL_SOURCE
 
     return tiny_model_cache / TINY_MODEL_SOURCE
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """An S3-compatible server on loopback for this module; stopped by PID."""
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.fail("moto_server is not installed (dev extra: moto[server])")
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("moto_server did not start within 30 s")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

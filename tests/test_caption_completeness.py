@@ -174,6 +174,64 @@ def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, 
     assert df.height == 5 + 2 + 1
 
 
+@pytest.mark.slow
+def test_an_engine_that_dies_on_one_video_every_time_costs_only_that_video(tiny_model, tmp_path, dagster_home):
+    """Fault injection: the engine kills its own process on every batch holding one video (as a fatal
+    engine error does: vLLM's stage calls os._exit). Ray starts the engine again each time, tries that
+    batch a bounded number of times, then drops it; the job finishes, the other videos are captioned, and
+    the poison video gets an error row saying why (it used to be retried forever, or to stall the pool)."""
+    import ray
+
+    from video_assets.core.inference.retries import NO_RESULT, VLM_BATCH_RETRIES
+
+    tries = tmp_path / "tries"
+    tries.mkdir()
+
+    def die_on_v1():  # runs in every Ray worker at start (pickled by value)
+        import os
+        import uuid
+
+        from video_assets.core.captioning.transformers_engine import TransformersEngine
+
+        real = TransformersEngine.generate
+
+        def generate(self, requests):
+            if any(r.request_id.startswith("v1:") for r in requests):
+                (tries / uuid.uuid4().hex).touch()
+                os._exit(1)
+            return real(self, requests)
+
+        TransformersEngine.generate = generate
+
+    tables = DeltaTables(root_uri=str(tmp_path / "tables"))
+    vlm = VlmSettings(cache_dir=str(tmp_path), engine="transformers", max_new_tokens=4, batch_size=1)
+    spec = runner.job_spec(
+        SamplingConfig(min_frames=2, max_frames=3), vlm, "transformers", ModelFiles(str(tiny_model)), "Describe."
+    )
+    samples = Path(__file__).resolve().parents[1] / "samples"
+    todo = pl.DataFrame(
+        [
+            {"video_id": f"v{i}", "batch_key": "b", "uri": str(samples / n), "duration_s": None, "rotation": 0}
+            for i, n in enumerate(CLIPS[:3])
+        ],
+        schema={"video_id": pl.String, "batch_key": pl.String, "uri": pl.String, "duration_s": pl.Float64}
+        | {"rotation": pl.Int64},
+    )
+    stamp = {"model_name": "tiny", "model_version": "1", "prompt_version": 1, "engine": "transformers"}
+    log = _Log()
+    with embedded_ray_auth():
+        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"worker_process_setup_hook": die_on_v1})
+        try:
+            runner.run_captioning(log, tables, todo, spec, stamp)
+        finally:
+            ray.shutdown()
+    assert len(list(tries.iterdir())) == 1 + VLM_BATCH_RETRIES  # bounded: the first try and its retries
+    df = pl.read_delta(tables.table_uri(CAPTIONS)).sort("video_id")
+    assert df.select("video_id", "status").rows() == [("v0", "ok"), ("v1", "error"), ("v2", "ok")]
+    assert df.filter(pl.col("video_id") == "v1")["error"].to_list() == [NO_RESULT]
+    assert any("no result" in line and CLIPS[1] in line for line in log.lines)
+
+
 class _Log:
     def __init__(self):
         self.lines = []

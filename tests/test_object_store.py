@@ -4,7 +4,6 @@ on 127.0.0.1), give the same frames as the local file, and close every stream th
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,32 +24,6 @@ from video_assets.defs.ingest.assets import probe_file
 CLIP = "realshort.mp4"
 # Motion and scene-cut passes reopen the source: force both on a short clip.
 CFG = SamplingConfig(long_video_s=0.5, scene_split=True, max_frames=8)
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    """An S3-compatible server on loopback for this module; stopped by PID."""
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
-    if exe is None:
-        pytest.fail("moto_server is not installed (dev extra: moto[server])")
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            pytest.fail("moto_server did not start within 30 s")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture

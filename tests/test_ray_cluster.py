@@ -1,6 +1,8 @@
 """A real two-node Ray cluster on 127.0.0.1 (a head and a worker with its own custom resource),
 started by the test with token authentication (a token of its own, 0600): a captions materialisation through RAY_ADDRESS runs its decode stage on the
-worker and its VLM actor on the head, with this product's code shipped by the runtime_env.
+worker and its VLM actor on the head, with this product's code shipped by the runtime_env. The worker
+node starts with a clean environment (as `env -i` would give it: no AWS, MLflow or HF variables), like a
+cluster node that is not the Dagster machine: what it needs from the step comes in the runtime_env.
 Every process the test starts is stopped by PID."""
 
 import json
@@ -12,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import polars as pl
 import psutil
 import pytest
 from dagster import materialize
@@ -53,6 +56,9 @@ def two_node_cluster():
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     env.pop("RAY_AUTH_TOKEN", None)
     common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    # The worker node: nothing of this process's environment but what Ray itself needs.
+    clean = {k: env[k] for k in ("RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    clean |= {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     try:
         subprocess.run(
             [
@@ -82,7 +88,7 @@ def two_node_cluster():
                 json.dumps({"video_worker": 4}),
                 *common,
             ],
-            env=env,
+            env=clean,
             check=True,
             capture_output=True,
             timeout=120,
@@ -230,3 +236,75 @@ def test_the_model_is_placed_on_every_node(two_node_cluster, tiny_model_cache, t
             place_on_every_node(ModelFiles("/nonexistent/model"))
     finally:
         ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_clean_worker_node_reads_the_bucket_with_the_steps_forwarded_settings(
+    two_node_cluster, s3_endpoint, instance, resources, tiny_model_cache, tmp_path, monkeypatch
+):
+    """Videos in an S3-compatible bucket, decoded on the worker node, whose own environment has no AWS
+    variables: the step forwards its endpoint and credentials in the job's runtime_env (``forward_env``),
+    every segment is captioned, and the secret appears in no log line of the run."""
+    import pyarrow.fs as pafs
+
+    from resources.ray_cluster import FORWARDED_ENV
+    from resources.volume import VideoVolume
+    from tests.fixtures.samples import BUNDLED
+
+    secret = f"secret-{time.monotonic_ns()}"
+    aws = {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    assert set(aws) <= set(FORWARDED_ENV)
+    for k, v in aws.items():
+        monkeypatch.setenv(k, v)
+    bucket = f"clean-{time.monotonic_ns()}"
+    pafs.S3FileSystem(endpoint_override=s3_endpoint, allow_bucket_creation=True).create_dir(bucket)
+    fs, _ = pafs.FileSystem.from_uri(f"s3://{bucket}")
+    clips = ["realshort.mp4", "asl_eat.mkv"]
+    for name in clips:
+        with fs.open_output_stream(f"{bucket}/videos/{name}") as out:
+            out.write((BUNDLED / name).read_bytes())
+
+    address, _ = two_node_cluster
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    res = {
+        **resources,
+        "volume": VideoVolume(uri=f"s3://{bucket}/videos"),
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "a")
+        ),
+        "vlm": VlmSettings(
+            cache_dir=str(tiny_model_cache),
+            engine="transformers",
+            max_new_tokens=4,
+            batch_size=2,
+            decode_resources={"video_worker": 1},  # every read of the bucket happens on the clean node
+            model_resources={"head_node": 1},
+        ),
+        "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options()),
+    }
+    [key] = register_new_files(res["volume"], res["tables"]).batches
+    instance.add_dynamic_partitions(video_batches.name, [key])
+    assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+    assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
+    result = materialize(
+        [captions, vlm_model, caption_prompt, raw_videos, video_metadata],
+        selection=[captions],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"captions": {"config": {"max_frames": 4, "min_frames": 2}}}},
+    )
+    assert result.success
+    meta = result.asset_materializations_for_node("captions")[0].metadata
+    rows = pl.read_delta(res["tables"].table_uri("captions"))
+    assert meta["error_rows"].value == 0, rows.select("uri", "error").rows()
+    assert meta["rows_written"].value == len(clips)
+    assert meta["ray_nodes"].value["decode"] == [_node_ids(address)["video_worker"]]
+    logs = "\n".join(str(e.message) + repr(e.dagster_event) for e in instance.all_logs(result.run_id))
+    assert secret not in logs and secret not in repr(instance.get_run_by_id(result.run_id).run_config)

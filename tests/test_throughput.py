@@ -62,3 +62,34 @@ def test_two_calibration_runs_separate_the_fixed_cost_from_the_per_request_cost(
     # One run cannot tell the two apart: it puts everything in the fixed cost, and underestimates.
     single = StageCosts.from_run(*small, cpu_workers=1)
     assert single.per_request_s == 0 and predict(single, 960.0, 1).wall_s < 0.9 * large[0]["wall_s"]["total"]
+
+
+def test_a_steps_setup_cost_counts_from_its_own_start_not_the_runs(instance):
+    """The cost breakdown's ``setup`` is the step's own resource set-up: another step that ran before it
+    in the same run (and the planning events at the run's start) must not count."""
+    import time
+
+    from dagster import AssetExecutionContext, MaterializeResult, asset, materialize
+
+    from video_assets.defs.common import CostBreakdown
+
+    @asset
+    def slow_first() -> None:
+        time.sleep(3)
+
+    @asset(deps=[slow_first])
+    def timed(context: AssetExecutionContext) -> MaterializeResult:
+        return MaterializeResult(metadata={"cost": CostBreakdown(context).metadata()})
+
+    result = materialize([slow_first, timed], instance=instance)
+    wall = result.asset_materializations_for_node("timed")[0].metadata["cost"].value["wall_s"]
+    assert wall["setup"] < 1.5, wall
+
+
+def test_vllm_engine_time_counts_overlapping_requests_once():
+    from video_assets.defs.engines import covered_seconds
+
+    # Four requests in flight together for 0-10 s, then one alone for 12-15 s: busy 13 s, not 43.
+    assert covered_seconds([(0, 10), (0, 10), (2, 10), (5, 10), (12, 15)]) == 13
+    assert covered_seconds([(0, 4), (3, 6)]) == 6
+    assert covered_seconds([]) == 0

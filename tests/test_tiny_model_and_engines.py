@@ -261,7 +261,18 @@ def test_to_vllm_row_shapes_openai_messages_with_one_video():
     row = to_vllm_row(req, max_new_tokens=256)
     assert row[REQUEST_ID_KEY] == "vid:3" and row[ERROR_KEY] == ""
     assert row["sampling_params"] == {"max_tokens": 256, "temperature": 0.0}
-    assert row["mm_processor_kwargs"] == {"fps": pytest.approx(2.0), "do_sample_frames": False}
+    # The timing travels as the video metadata the transformers engine builds, not as a bare fps kwarg.
+    meta = row["mm_processor_kwargs"]["video_metadata"]
+    assert row["mm_processor_kwargs"]["do_sample_frames"] is False
+    assert meta == {
+        "total_num_frames": 4,
+        "fps": pytest.approx(2.0),
+        "duration": pytest.approx(2.0),
+        "frames_indices": [0, 1, 2, 3],
+    }
+    assert set(to_vllm_row(CaptionRequest("bad", frames(1, 8, 8)[0], [0.0], PROMPT))["mm_processor_kwargs"]) == set(
+        row["mm_processor_kwargs"]
+    )  # an error row keeps the schema
     system, user = row["messages"]
     assert system == {"role": "system", "content": [{"type": "text", "text": "sys"}]}
     assert user["role"] == "user"

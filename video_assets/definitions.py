@@ -10,7 +10,7 @@ from resources.curation import CurationStore
 from resources.delta import DeltaTables
 from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
-from resources.ray_cluster import EmbeddedRay
+from resources.ray_cluster import FORWARDED_ENV, EmbeddedRay
 from resources.ray_service import local_ray_address, ray_init_options
 from resources.search import SearchIndex
 from resources.settings import (
@@ -22,6 +22,7 @@ from resources.settings import (
     default_tables_uri,
     default_volume_uri,
     env_or,
+    forward_env_names,
 )
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
@@ -99,10 +100,18 @@ def build_resources() -> dict:
         ),
         # Connects to RAY_ADDRESS when set (ray.init reads it); an embedded local Ray, with Ray's
         # token authentication on and this instance's token, otherwise.
-        "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options(), address=local_ray_address()),
+        # Both forward the step's credentials and endpoints to every worker (FORWARDED_ENV + RAY_FORWARD_ENV).
+        "ray_cluster": EmbeddedRay(
+            ray_init_options=ray_init_options(),
+            address=local_ray_address(),
+            forward_env=forward_env_names(FORWARDED_ENV),
+        ),
         # The same, connected only when a step asks (structuring starts Ray only for the vLLM engine).
         "ray_on_demand": EmbeddedRay(
-            ray_init_options=ray_init_options(), address=local_ray_address(), lifecycle=Lifecycle(connect=False)
+            ray_init_options=ray_init_options(),
+            address=local_ray_address(),
+            forward_env=forward_env_names(FORWARDED_ENV),
+            lifecycle=Lifecycle(connect=False),
         ),
     }
 

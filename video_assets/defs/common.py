@@ -397,11 +397,21 @@ class CostBreakdown:
         return MetadataValue.json({"wall_s": parts, "busy_s": {k: round(v, 3) for k, v in busy.items()}})
 
 
+# The events of a step that mark its own start: its resources' set-up (Ray), or the step itself when it
+# has none. Not the first event carrying its key: ASSET_MATERIALIZATION_PLANNED comes at the run's start
+# and STEP_WORKER_STARTING before a concurrency pool's wait, so other steps and queueing would count.
+_SETUP_EVENTS = ("RESOURCE_INIT_STARTED", "STEP_START")
+
+
 def _setup_seconds(context, now: float) -> float:
-    """Seconds between this step's first event (its start) and now: resource set-up, e.g. Ray."""
+    """Seconds between this step's own start (its resources' set-up) and now: resource set-up, e.g. Ray."""
     try:
         step = context.get_step_execution_context().step.key
-        times = [e.timestamp for e in context.instance.all_logs(context.run_id) if e.step_key == step]
+        times = [
+            e.timestamp
+            for e in context.instance.all_logs(context.run_id)
+            if e.step_key == step and e.dagster_event is not None and e.dagster_event.event_type_value in _SETUP_EVENTS
+        ]
         return max(0.0, now - min(times)) if times else 0.0
     except Exception:  # a breakdown must never fail the step
         return 0.0

@@ -19,6 +19,7 @@ from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
 from video_assets.core.captioning.versions import caption_digest, split_key
 from video_assets.core.inference import choose_engine_name, vllm_importable
 from video_assets.core.inference.model_cache import ModelFiles
+from video_assets.core.inference.retries import NO_RESULT
 from video_assets.core.inference.service_runner import streamed
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
@@ -139,18 +140,23 @@ def run_captioning(
     split = split_key(spec.sampling)
     ready = [{**r, "segments": 1} for r in pending or []]
     arrived: dict[str, dict[int, dict]] = {}  # video -> segment -> row, until every planned segment is in
+    whole: set[str] = set()  # videos every planned segment of which came back
     written = cpu_s = engine_s = delta_s = 0.0
     first_row_s = None  # Ray Data start-up, actor spawn, model load and the first batch
     nodes: dict[str, set[str]] = {"decode": set(), "engine": set()}  # Ray node ids each stage ran on
     previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     n_rows = 0
+    vllm = spec.engine.name == "vllm"
+    in_flight: list[tuple[float, float]] = []  # vLLM: (sent, answered) of each request, as this process saw it
     # In the long-lived local Ray's job runner when it runs (warm workers); a vLLM job stays in the
     # step, where its processor and model placement are tested (make test-vllm-cpu).
     jobs = caption_rows(videos, spec) if spec.engine.name == "vllm" else streamed(caption_rows, videos, spec)
     for n_rows, row in enumerate(jobs if videos else [], start=1):
         if first_row_s is None:
             first_row_s = time.perf_counter() - started
+        if row["video_id"] in whole:  # a segment Ray computed twice (a retried task), after its video was written
+            continue
         name = printable(row["uri"].rsplit("/", 1)[-1])
         if row["status"] == CAPTION_OK:
             log.info(
@@ -159,7 +165,11 @@ def run_captioning(
         else:
             log.warning(f"[{n_rows}] {name}: {printable(row['error'])}")
         cpu_s += row.get("decode_s") or 0.0
-        engine_s += row.get("engine_s") or 0.0
+        if vllm:  # a request's latency, overlapping others: the engine is busy while any is in flight
+            done = time.perf_counter()
+            in_flight.append((done - float(row.get("engine_s") or 0.0), done))
+        else:  # the transformers stage's share of its batch: shares sum to the engines' busy time
+            engine_s += row.get("engine_s") or 0.0
         for stage in nodes:
             if row.get(f"{stage}_node"):
                 nodes[stage].add(row[f"{stage}_node"])
@@ -169,22 +179,15 @@ def run_captioning(
         segments[int(row["segment"])] = row  # a segment Ray computed twice (a retried task) is kept once
         if len(segments) >= (row.get("segments") or 1):
             ready.extend(arrived.pop(row["video_id"]).values())
+            whole.add(row["video_id"])
             if len(ready) >= WRITE_EVERY:
                 t0 = time.perf_counter()
                 written += _write(tables, ready, stamp, split, table)
                 delta_s += time.perf_counter() - t0
                 ready = []
-    for segments in arrived.values():  # the job ended without some segments: say so, per segment
-        planned = max(int(r.get("segments") or 1) for r in segments.values())
-        some = next(iter(segments.values()))
-        missing = [i for i in range(planned) if i not in segments]
-        log.warning(f"{printable(some['uri'])}: no result for segments {missing}; written as error rows")
-        ready.extend(segments.values())
-        ready.extend(
-            {**{k: some.get(k) for k in ("video_id", "batch_key", "uri", "segments")}, "segment": i}
-            | {"frame_timestamps": [], "prose": "", "status": CAPTION_ERROR, "error": "the job returned no result"}
-            for i in missing
-        )
+    ready.extend(missing_rows(videos, arrived, whole, log))
+    if vllm:
+        engine_s = covered_seconds(in_flight)
     t0 = time.perf_counter()
     written += _write(tables, ready, stamp, split, table)
     delta_s += time.perf_counter() - t0
@@ -199,6 +202,45 @@ def run_captioning(
         "nodes": {k: sorted(v) for k, v in nodes.items()},
         "previews": previews,
     }
+
+
+def covered_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one interval: the wall time an engine had a request in flight. Summing
+    vLLM's latencies counts each second once per overlapping request (up to max_num_seqs times)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def missing_rows(videos: list[dict], arrived: dict[str, dict[int, dict]], done: set[str], log) -> list[dict]:
+    """What a finished job left without a result, as rows: the segments that came back for videos that are
+    not whole (``arrived``), an error row for each planned segment that did not, and one error row for a
+    video that sent nothing at all (every batch holding it dropped, ``core.inference.retries``). ``done``:
+    videos already whole. Nothing a job was given goes missing from the table."""
+    rows: list[dict] = []
+    for segments in arrived.values():
+        planned = max(int(r.get("segments") or 1) for r in segments.values())
+        some = next(iter(segments.values()))
+        missing = [i for i in range(planned) if i not in segments]
+        log.warning(f"{printable(some['uri'])}: no result for segments {missing}; written as error rows")
+        rows.extend(segments.values())
+        rows.extend(
+            {**{k: some.get(k) for k in ("video_id", "batch_key", "uri", "segments")}, "segment": i}
+            | {"frame_timestamps": [], "prose": "", "status": CAPTION_ERROR, "error": NO_RESULT}
+            for i in missing
+        )
+    for video in videos:
+        if video["video_id"] not in done and video["video_id"] not in arrived:
+            log.warning(f"{printable(video['uri'])}: no result at all; written as an error row")
+            rows.append(
+                {k: video[k] for k in ("video_id", "batch_key", "uri")}
+                | {"segment": 0, "segments": 1, "frame_timestamps": [], "prose": "", "status": CAPTION_ERROR}
+                | {"error": NO_RESULT}
+            )
+    return rows
 
 
 def _write(tables: DeltaTables, rows: list[dict], stamp: dict, split: str, table: str) -> int:

@@ -11,9 +11,11 @@ retried task could double-report or lose). Every row carries ``segments``, the n
 planned for its video, so the writer knows when a video is whole.
 
 Retries (Ray): a decode task is retried when its worker dies (reading a file twice is harmless; a
-Python error is already an error row, so it is not retried); a VLM actor is restarted and its batch
-retried a bounded number of times (Ray Data's default is forever, which would loop on a video that
-crashes the engine every time).
+Python error is already an error row, so it is not retried). An engine actor that dies is always
+started again, but the batch it died on is tried a bounded number of times and then dropped
+(``engine_stage_options``, ``tolerate_failed_batches``): Ray Data's default retries it forever, which
+loops on a video that crashes the engine every time. The consumer writes each segment of a dropped
+batch as an error row (``defs.engines.run_captioning``), so the job finishes and nothing goes missing.
 
 Kept free of Dagster so the stages can be driven and tested with plain Ray.
 """
@@ -31,6 +33,7 @@ import ray
 
 from video_assets.core.captioning.rows import CARRIED_COLUMNS, decode_error
 from video_assets.core.inference.model_cache import ModelFiles
+from video_assets.core.inference.retries import engine_stage_options, tolerate_failed_batches
 from video_assets.core.inference.service_runner import NAMESPACE, IdleExpiry, code_version
 from video_assets.core.media.sampling import SamplingConfig, sample_video
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
@@ -72,8 +75,6 @@ WARM_IN_FLIGHT = 2
 WARM_RESENDS = 2
 
 DECODE_TASK_RETRIES = 3  # worker deaths only (OOM kill, lost node): decoding is idempotent
-VLM_ACTOR_RESTARTS = 3  # a dead engine actor is restarted and its batch retried this many times
-
 NO_FRAMES = np.zeros((0, 1, 1, 3), dtype=np.uint8)  # an error row's frames: same column type as real ones
 
 
@@ -292,7 +293,12 @@ def ensure_warm_engines(spec: JobSpec) -> list[str]:
     names = warm_engine_names(spec)
     missing = [n for n in names if not _engine_alive(n)]
     if missing:
-        _evict_idle_engines(keep=names, cpus=len(missing), gpus=len(missing) * spec.vlm_num_gpus)
+        _evict_idle_engines(
+            keep=names,
+            cpus=len(missing),
+            gpus=len(missing) * spec.vlm_num_gpus,
+            custom={k: v * len(missing) for k, v in spec.vlm_resources.items()},
+        )
     actor = ray.remote(WarmEngine)
     for name in names:
         actor.options(
@@ -302,8 +308,7 @@ def ensure_warm_engines(spec: JobSpec) -> list[str]:
             get_if_exists=True,
             num_cpus=1,
             num_gpus=spec.vlm_num_gpus or None,
-            max_restarts=VLM_ACTOR_RESTARTS,
-            max_task_retries=VLM_ACTOR_RESTARTS,
+            **engine_stage_options(),
             **({"resources": spec.vlm_resources} if spec.vlm_resources else {}),
         ).remote(spec.engine, spec.warm_idle_s)
     return names
@@ -317,14 +322,17 @@ def _engine_alive(name: str) -> bool:
         return False
 
 
-def _evict_idle_engines(keep: list[str], cpus: float, gpus: float) -> list[str]:
+def _evict_idle_engines(keep: list[str], cpus: float, gpus: float, custom: dict[str, float] | None = None) -> list[str]:
     """Stop idle warm engines not in ``keep`` while the cluster lacks ``cpus`` + 1 free CPUs (one for
-    a decode task) or ``gpus`` free GPUs; returns the names stopped. A busy engine is never stopped."""
+    a decode task), ``gpus`` free GPUs or the ``custom`` resources the new engines are pinned by (an idle
+    engine holding the one node's pin would otherwise make them wait for its expiry); returns the names
+    stopped. A busy engine is never stopped."""
     stopped: list[str] = []
 
     def short() -> bool:
         free = ray.available_resources()
-        return free.get("CPU", 0.0) < cpus + 1 or free.get("GPU", 0.0) < gpus
+        lacking = any(free.get(name, 0.0) < amount for name, amount in (custom or {}).items())
+        return lacking or free.get("CPU", 0.0) < cpus + 1 or free.get("GPU", 0.0) < gpus
 
     if not short():
         return stopped
@@ -469,9 +477,28 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             compute=ray.data.ActorPoolStrategy(size=spec.vlm_concurrency),
             num_gpus=spec.vlm_num_gpus or None,
             num_cpus=1,
-            max_restarts=VLM_ACTOR_RESTARTS,
-            max_task_retries=VLM_ACTOR_RESTARTS,
+            **engine_stage_options(),
             **({"resources": spec.vlm_resources} if spec.vlm_resources else {}),
         )
-    for row in ds.iter_rows():
-        yield {k: row.get(k) for k in RESULT_COLUMNS}
+    engine_node = None
+    for row in tolerate_failed_batches(ds).iter_rows():
+        out = {k: row.get(k) for k in RESULT_COLUMNS}
+        if spec.engine.name == "vllm" and out["status"] == CAPTION_OK:
+            # Ray's vLLM stage does not say where it ran: its engine actors' node, when there is one.
+            engine_node = engine_node or vllm_engine_node()
+            out["engine_node"] = engine_node
+        yield out
+
+
+def vllm_engine_node() -> str | None:
+    """The Ray node of this job's vLLM engine actors when they all run on one node, else None. Read from
+    the GCS's actor table (``ray._private.state``, the one place that knows an unnamed actor's node without
+    the dashboard); never fails the job."""
+    try:
+        from ray._private import state
+
+        actors = state.actors(job_id=ray.get_runtime_context().job_id).values()
+        nodes = {a["Address"]["NodeID"] for a in actors if "vLLMEngineStageUDF" in a["ActorClassName"]}
+        return nodes.pop() if len(nodes) == 1 else None
+    except Exception:
+        return None

@@ -80,6 +80,19 @@ def sampled_fps(timestamps: list[float]) -> float:
     return (len(ts) - 1) / span
 
 
+def video_metadata(timestamps: list[float]) -> dict[str, Any]:
+    """The video metadata both engines hand the model's processor, as a plain dict (it travels in Ray rows).
+
+    The frames are the whole, already sampled clip: ``frames_indices`` is every frame and ``fps`` the
+    sampled rate, so transformers' ``VideoMetadata.sampled_fps`` equals ``sampled_fps(timestamps)`` and
+    Qwen2.5-VL's ``second_per_grid_ts`` (temporal_patch_size / sampled fps) matches the frames' real spacing.
+    Without it the processor assumes 24 fps: a 30 s clip sampled at 0.5 fps looks 1.3 s long.
+    """
+    n = len(timestamps)
+    fps = sampled_fps(timestamps)
+    return {"total_num_frames": n, "fps": fps, "duration": n / fps, "frames_indices": list(range(n))}
+
+
 def build_messages(request: CaptionRequest) -> list[dict[str, Any]]:
     """Chat messages for one request: optional system turn, then one user turn holding exactly one
     video part (the frames) followed by one text part (the frame times, then the instruction).

@@ -18,8 +18,8 @@ from video_assets.core.captioning.requests import (
     CaptionResponse,
     build_messages,
     failed,
-    sampled_fps,
     validate_request,
+    video_metadata,
     video_part,
 )
 
@@ -87,23 +87,12 @@ class TransformersEngine:
         texts, videos, metadata = [], [], []
         for _, req, frames in items:
             messages = build_messages(req)
-            part = video_part(messages)
+            video_part(messages)  # exactly one video part, or a clear error
             texts.append(self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-            n, h, w, _ = frames.shape
-            fps = float(part.get("fps") or sampled_fps(req.timestamps))
+            _, h, w, _ = frames.shape
             videos.append(frames)
-            # The frames are the whole (already sampled) clip: sampled_fps == fps, so Qwen2.5-VL's
-            # second_per_grid_ts = temporal_patch_size / fps matches the real spacing of the frames.
-            metadata.append(
-                VideoMetadata(
-                    total_num_frames=n,
-                    fps=fps,
-                    width=w,
-                    height=h,
-                    duration=n / fps,
-                    frames_indices=list(range(n)),
-                )
-            )
+            # The same metadata the vLLM engine sends (requests.video_metadata): one timing on both engines.
+            metadata.append(VideoMetadata(width=w, height=h, **video_metadata(req.timestamps)))
         return self.processor(
             text=texts,
             videos=videos,

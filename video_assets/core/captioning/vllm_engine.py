@@ -11,8 +11,10 @@ Pipeline built by ``build_vllm_processor``::
 
 Frames travel as ONE OpenAI ``video_url`` part whose URL is ``data:video/jpeg;base64,<f1>,<f2>,...``
 (vLLM's format for a video given as JPEG frames), next to the same text part the transformers engine
-sends (frame timestamps + instruction). The frames' sampling rate goes in ``mm_processor_kwargs``
-(``fps``, ``do_sample_frames=False``) so Qwen2.5-VL's temporal positions match the real spacing.
+sends (frame timestamps + instruction). The frames' timing goes in ``mm_processor_kwargs`` as
+``video_metadata`` (``requests.video_metadata``, the dict the transformers engine builds its
+``VideoMetadata`` from) with ``do_sample_frames=False``. Not ``fps``: vLLM 0.29's Qwen2-VL parser drops
+both that kwarg and the JPEG loader's ``media_io_kwargs`` metadata, and transformers then assumes 24 fps.
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ from video_assets.core.captioning.requests import (
     CaptionRequest,
     CaptionResponse,
     build_messages,
-    sampled_fps,
     validate_request,
+    video_metadata,
 )
 from video_assets.core.captioning.rows import CARRIED_COLUMNS, decode_error
-from video_assets.core.inference.vllm import ERROR_KEY, VllmSettings, processor_config, read_output, sampling_params
+from video_assets.core.inference.vllm import (
+    ERROR_KEY,
+    VllmSettings,
+    bounded_engine_retries,
+    processor_config,
+    read_output,
+    sampling_params,
+)
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
 REQUEST_ID_KEY = "caption_request_id"  # Ray's vLLM stage overwrites "request_id" with its own integer id
@@ -82,7 +91,10 @@ def to_vllm_row(request: CaptionRequest, jpeg_quality: int = 90, max_new_tokens:
         REQUEST_ID_KEY: request.request_id,
         "messages": [],
         "sampling_params": sampling_params(limit),
-        "mm_processor_kwargs": {"fps": 1.0, "do_sample_frames": False},
+        # One schema for every row (Ray unifies blocks): an error row carries a one-frame placeholder. A
+        # dict, not a list of one: Ray's stages see a list of dicts as a numpy object array, which the
+        # processor refuses (a dict's list field arrives as a numpy array, which it takes).
+        "mm_processor_kwargs": {"do_sample_frames": False, "video_metadata": video_metadata([0.0])},
         ERROR_KEY: "",
     }
     try:
@@ -91,7 +103,7 @@ def to_vllm_row(request: CaptionRequest, jpeg_quality: int = 90, max_new_tokens:
         return {**row, ERROR_KEY: f"{exc.__class__.__name__}: {exc}"}
     messages = build_messages(CaptionRequest(**{**request.__dict__, "frames": frames}))
     row["messages"] = to_openai_messages(messages, jpeg_quality)
-    row["mm_processor_kwargs"]["fps"] = sampled_fps(request.timestamps)
+    row["mm_processor_kwargs"]["video_metadata"] = video_metadata(request.timestamps)
     return row
 
 
@@ -125,11 +137,12 @@ def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=No
         )
         return {**to_vllm_row(req, settings.jpeg_quality, settings.max_new_tokens), "frames": None}
 
-    return build_processor(
+    processor = build_processor(
         build_processor_config(settings),
         preprocess=preprocess or _pre,
         postprocess=postprocess or _postprocess,
     )
+    return bounded_engine_retries(processor)
 
 
 # -- the captioning job's vLLM stage (see video_assets.captioning.caption_rows) -----------------------

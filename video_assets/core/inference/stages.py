@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from video_assets.core.captioning.job import DECODE_TASK_RETRIES, VLM_ACTOR_RESTARTS, cpu_task_slots
+from video_assets.core.captioning.job import DECODE_TASK_RETRIES, cpu_task_slots, engine_stage_options
 from video_assets.core.inference.service_runner import streamed
 
 
@@ -78,8 +78,7 @@ def _stream_here(
         compute=ray.data.ActorPoolStrategy(size=spec.model_concurrency),
         num_gpus=spec.model_num_gpus or None,
         num_cpus=1,
-        max_restarts=VLM_ACTOR_RESTARTS,
-        max_task_retries=VLM_ACTOR_RESTARTS,
+        **engine_stage_options(),  # a poison batch fails the job after bounded retries, never hangs it
     )
     yield from ds.iter_rows()
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from video_assets.core.inference import vllm
 from video_assets.core.inference.model_cache import ModelFiles, place_on_every_node
+from video_assets.core.inference.retries import tolerate_failed_batches
 from video_assets.core.structuring.policy import StructureRequest, StructureResponse
 
 log = logging.getLogger(__name__)
@@ -126,16 +127,19 @@ class VllmStructurer:
         settings = self.settings
         if self.model is not None:
             settings = settings.model_copy(update={"model_source": place_on_every_node(self.model).path})
-        processor = build_processor(
-            vllm.processor_config(settings, multimodal=False),
-            preprocess=lambda row: {**row, "sampling_params": json.loads(row["sampling_params_json"])},
-            postprocess=lambda row: {REQUEST_KEY: row[REQUEST_KEY], **vllm.output_columns(row)},
+        processor = vllm.bounded_engine_retries(
+            build_processor(
+                vllm.processor_config(settings, multimodal=False),
+                preprocess=lambda row: {**row, "sampling_params": json.loads(row["sampling_params_json"])},
+                postprocess=lambda row: {REQUEST_KEY: row[REQUEST_KEY], **vllm.output_columns(row)},
+            )
         )
         # sampling_params travel as JSON: their nested dicts differ between requests (schemas).
         items = [
             {**(r := to_vllm_row(q)), "sampling_params_json": json.dumps(r.pop("sampling_params"))} for q in requests
         ]
-        by_id = {str(row[REQUEST_KEY]): from_vllm_row(row) for row in processor(ray.data.from_items(items)).take_all()}
+        out = tolerate_failed_batches(processor(ray.data.from_items(items)))  # a dropped batch: "no output" rows
+        by_id = {str(row[REQUEST_KEY]): from_vllm_row(row) for row in out.take_all()}
         return [
             by_id.get(q.request_id, StructureResponse(q.request_id, "", error="no output from vLLM")) for q in requests
         ]
