@@ -30,6 +30,12 @@ PACKAGED = {
 }
 
 
+# GPU share of one actor of a packaged model when the cluster has GPUs: Whisper base, EfficientNet-Lite0
+# and MiniLM need a few hundred MB and a sliver of a GPU's compute, so four actors share one GPU instead
+# of each reserving a whole one. A model the user points a source at gets a whole GPU (num_gpus overrides).
+PACKAGED_GPU_SHARE = 0.25
+
+
 class ArchiveSettings(ConfigurableResource):
     speech_model_source: str = Field(
         default=PACKAGED[SPEECH],
@@ -55,24 +61,28 @@ class ArchiveSettings(ConfigurableResource):
     cpu_concurrency: int = Field(default=2, ge=1, description="Parallel decode tasks (1 CPU each)")
     concurrency: int = Field(default=1, ge=1, description="Actors per model stage (each holds one model)")
     num_gpus: float | None = Field(
-        default=None, ge=0, description="GPUs per model actor; unset: 1 when the cluster has GPUs and device != cpu"
+        default=None,
+        ge=0,
+        description="GPUs per model actor; unset, when the cluster has GPUs and device != cpu: 0.25 for a "
+        "packaged model (four share a GPU), 1 for a model from a source",
     )
     frame_batch_size: int = Field(default=32, ge=1, description="Frames per encoder call")
     text_batch_size: int = Field(default=64, ge=1, description="Texts per encoder call")
 
-    def actor_placement(self, cluster_gpus: float | None) -> tuple[str, float]:
-        """(device, GPUs per actor) of the model actors: GPUs are reserved in Ray only when the
-        cluster has some and the device allows; ``auto`` then means cuda."""
+    def actor_placement(self, cluster_gpus: float | None, kind: str) -> tuple[str, float]:
+        """(device, GPUs per actor) of ``kind``'s model actors: GPUs are reserved in Ray only when the
+        cluster has some and the device allows (a fraction for a packaged model); ``auto`` then means cuda."""
         gpus = self.num_gpus
         if gpus is None:
-            gpus = 1.0 if self.device != "cpu" and (cluster_gpus or 0) > 0 else 0.0
+            share = PACKAGED_GPU_SHARE if self.source(kind) == PACKAGED[kind] else 1.0
+            gpus = share if self.device != "cpu" and (cluster_gpus or 0) > 0 else 0.0
         device = self.device if self.device != "auto" else ("cuda" if gpus > 0 else "cpu")
         return device, gpus
 
-    def stage_spec(self, cluster_gpus: float | None, batch_size: int) -> tuple[StageSpec, str]:
-        """The Ray job shape of an archive stage (decode width, model actors and their GPUs), and the
+    def stage_spec(self, cluster_gpus: float | None, batch_size: int, kind: str) -> tuple[StageSpec, str]:
+        """The Ray job shape of ``kind``'s archive stage (decode width, model actors and their GPUs), and the
         actors' device."""
-        device, gpus = self.actor_placement(cluster_gpus)
+        device, gpus = self.actor_placement(cluster_gpus, kind)
         return StageSpec(self.cpu_concurrency, self.concurrency, gpus, batch_size), device
 
     def registered_model(self, kind: str) -> str:

@@ -175,3 +175,18 @@ def test_archive_assets_for_a_batch(instance, resources, session_ray, volume_dir
     dims = dict(frames_after.group_by("encoder_version").agg(pl.col("dim").unique().first()).iter_rows())
     assert dims["1"] == 1280 and dims["2"] < 1280
     assert frames_after.filter(pl.col("encoder_version") == "2").height == frames.height
+
+
+def test_packaged_archive_models_share_a_gpu_and_a_users_model_gets_one(tmp_path):
+    """On a cluster with GPUs the small packaged models reserve a quarter of one each (four actors per
+    GPU), a model from a user's source a whole one; no GPUs, or device=cpu, reserve none; num_gpus wins."""
+    from resources.archive import PACKAGED_GPU_SHARE, SPEECH
+
+    packaged = ArchiveSettings(cache_dir=str(tmp_path))
+    assert packaged.actor_placement(8, SPEECH) == ("cuda", PACKAGED_GPU_SHARE) == ("cuda", 0.25)
+    assert packaged.stage_spec(8, 4, TEXT)[0].model_num_gpus == 0.25
+    assert packaged.actor_placement(0, FRAMES) == ("cpu", 0.0)
+    assert ArchiveSettings(cache_dir=str(tmp_path), device="cpu").actor_placement(8, FRAMES) == ("cpu", 0.0)
+    large = ArchiveSettings(cache_dir=str(tmp_path), speech_model_source="Systran/faster-whisper-large-v3")
+    assert large.actor_placement(8, SPEECH) == ("cuda", 1.0) and large.actor_placement(8, TEXT)[1] == 0.25
+    assert ArchiveSettings(cache_dir=str(tmp_path), num_gpus=0.5).actor_placement(8, SPEECH) == ("cuda", 0.5)

@@ -93,3 +93,14 @@ def test_vllm_engine_time_counts_overlapping_requests_once():
     assert covered_seconds([(0, 10), (0, 10), (2, 10), (5, 10), (12, 15)]) == 13
     assert covered_seconds([(0, 4), (3, 6)]) == 6
     assert covered_seconds([]) == 0
+
+
+def test_decode_beside_vllm_follows_the_cluster():
+    from video_assets.core.throughput import vllm_decode_workers
+
+    # A 16-CPU GPU node with one engine and two CPU stages of up to 4 actors: 7 decode tasks, not 2.
+    assert vllm_decode_workers(2, 16, engines=1, cpu_stage_actors=8) == 7
+    # An 8-GPU node with 128 CPUs: the decode stage widens with it.
+    assert vllm_decode_workers(2, 128, engines=8, cpu_stage_actors=8) == 112
+    # Never below the configured width (a small cluster, or Ray not told about every CPU).
+    assert vllm_decode_workers(2, 4, engines=1, cpu_stage_actors=8) == 2

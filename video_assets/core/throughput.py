@@ -91,6 +91,14 @@ def decode_workers(cpu_concurrency: int, cluster_cpus: float, engines: int, cpus
     return max(1, min(cpu_concurrency, free))
 
 
+def vllm_decode_workers(cpu_concurrency: int, cluster_cpus: float, engines: int, cpu_stage_actors: int) -> int:
+    """Decode tasks beside vLLM: every CPU of the cluster that its engines (1 CPU each) and Ray's CPU stages
+    (chat template, multimodal parsing: up to ``cpu_stage_actors`` actors of 1 CPU) leave, and never fewer
+    than ``cpu_concurrency``. vLLM's engines sit on GPUs, so decode is what a GPU node's CPUs are for: a
+    fixed width (2) starved an 8-GPU node's engines."""
+    return max(cpu_concurrency, int(cluster_cpus - engines - cpu_stage_actors))
+
+
 def predict(costs: StageCosts, video_s: float, cpu_workers: int, engines: int = 1) -> Prediction:
     """Wall time of captioning ``video_s`` seconds of video with ``cpu_workers`` decode tasks in
     parallel and ``engines`` engines."""

@@ -432,10 +432,19 @@ def cpu_task_slots(concurrency: int, engines: int) -> int:
 
 
 def decode_slots(spec: JobSpec) -> int:
-    """The captioning job's decode tasks (``cpu_task_slots``). vLLM places its engines on GPUs and
-    its own CPU stages, so it keeps ``cpu_concurrency``."""
-    if spec.engine.name == "vllm" or spec.vlm_resources or spec.cpu_resources:
-        return spec.cpu_concurrency  # engines elsewhere, or pinned stages: the cluster total says nothing
+    """The captioning job's decode tasks: ``cpu_task_slots`` beside transformers actors; beside vLLM, the
+    cluster's CPUs its engines and Ray's CPU stages leave (``vllm_decode_workers``)."""
+    if spec.vlm_resources or spec.cpu_resources:
+        return spec.cpu_concurrency  # pinned stages: the cluster total says nothing
+    if spec.engine.name == "vllm":
+        from video_assets.core.inference.vllm import VllmSettings
+        from video_assets.core.throughput import vllm_decode_workers
+
+        settings = VllmSettings(**spec.vllm)
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+        # Two CPU stages for video (chat template, multimodal parsing), each up to cpu_stage_max_actors.
+        stage_actors = 2 * settings.cpu_stage_max_actors
+        return vllm_decode_workers(spec.cpu_concurrency, cpus, settings.concurrency, stage_actors)
     return cpu_task_slots(spec.cpu_concurrency, spec.vlm_concurrency)
 
 

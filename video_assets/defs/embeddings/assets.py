@@ -81,9 +81,8 @@ def frame_embeddings(
         f"batch {batch}: {len(todo)} videos to embed with models:/{encoder}@{archive.alias} v{version}, "
         f"{len(done)} already embedded, {len(failed)} without captioned frames"
     )
-    spec, device = archive.stage_spec(
-        cluster_gpus(), 1
-    )  # one segment (its frames) per call; the encoder batches frames
+    # One segment (its frames) per call; the encoder batches frames.
+    spec, device = archive.stage_spec(cluster_gpus(), 1, FRAMES)
     started, pending, written, frames, encode_s, errors = time.perf_counter(), list(failed), 0, 0, 0.0, len(failed)
     open_video: dict[str, list[dict]] = {}
     expected = {v["video_id"]: len(json.loads(v["times"])) for v in todo}
@@ -202,7 +201,7 @@ def text_embeddings(
         f"batch {batch}: {todo.height} texts to embed with models:/{encoder}@{archive.alias} v{version}, "
         f"{sources.height - todo.height} already embedded"
     )
-    spec, device = archive.stage_spec(cluster_gpus(), archive.text_batch_size)
+    spec, device = archive.stage_spec(cluster_gpus(), archive.text_batch_size, TEXT)
     started, written, encode_s = time.perf_counter(), 0, 0.0
     pending: list[dict] = []
     for row in text_embedding_rows(todo.to_dicts(), model, device, spec):

@@ -66,7 +66,7 @@ def transcripts(
     done = set(existing.get_column("video_id").to_list())
     # Probe rejects are transcribed too: a file with a broken video stream may still carry speech.
     todo = meta if config.retranscribe else meta.filter(~pl.col("video_id").is_in(done))
-    spec, device = archive.stage_spec(cluster_gpus(), batch_size=1)
+    spec, device = archive.stage_spec(cluster_gpus(), batch_size=1, kind=SPEECH)
     context.log.info(
         f"batch {batch}: {todo.height} videos to transcribe with models:/{name}@{archive.alias} v{version} "
         f"on {device}, {meta.height - todo.height} already transcribed"
