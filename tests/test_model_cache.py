@@ -107,3 +107,24 @@ def test_a_model_file_changed_by_one_byte_is_refused_naming_the_file(tiny_model_
     with pytest.raises(ModelFilesChanged):
         local_model("/nonexistent", files.artifact_uri, str(tmp_path / "node2"), files.tracking_uri, files.files_sha256)
     assert len(list((tmp_path / "dl").rglob(MANIFEST))) == 1  # downloaded with the files it lists
+
+
+def test_a_node_that_cannot_read_the_embedded_store_says_which_setting_to_change(tmp_path):
+    """A worker on another machine downloading from the embedded store (a SQLite file and an artifact
+    folder on the Dagster machine: here, paths that do not exist) gets an error naming MLFLOW_TRACKING_URI
+    and the docs, not a bare file-not-found; an object-store URI is never blamed on the setting."""
+    from video_assets.core.inference.model_cache import ModelStoreUnreachable, machine_local
+
+    with pytest.raises(ModelStoreUnreachable, match="MLFLOW_TRACKING_URI=sqlite:///.*scale-out.md") as err:
+        local_model(
+            str(tmp_path / "not-here"),
+            str(tmp_path / "elsewhere" / "artifacts" / "model"),
+            str(tmp_path / "cache"),
+            f"sqlite:///{tmp_path}/elsewhere/mlflow.db",
+        )
+    assert "cannot read the registered model" in str(err.value)
+    cached = tmp_path / "cache" / "node-models"
+    assert not [p for p in cached.iterdir() if not p.name.startswith(".")]  # no model folder, only its lock
+    assert machine_local("/srv/mlartifacts/1") and machine_local("file:///srv/a") and machine_local(None)
+    assert not machine_local("s3://bucket/a") and not machine_local("mlflow-artifacts:/1/a")
+    assert not machine_local("http://mlflow:5000")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,9 +107,12 @@ def _download_once(
 
             partial = target.parent / f".{target.name}.partial"
             shutil.rmtree(partial, ignore_errors=True)
-            mlflow.artifacts.download_artifacts(
-                artifact_uri=artifact_uri, dst_path=str(partial), tracking_uri=tracking_uri
-            )
+            try:
+                mlflow.artifacts.download_artifacts(
+                    artifact_uri=artifact_uri, dst_path=str(partial), tracking_uri=tracking_uri
+                )
+            except Exception as exc:
+                raise store_error(artifact_uri, tracking_uri, exc) from exc
             verify_files(partial, files_sha256, artifact_uri)  # a changed artifact never becomes the cache
             shutil.rmtree(target, ignore_errors=True)
             partial.rename(target)
@@ -117,6 +121,36 @@ def _download_once(
         else:
             verify_files(target, files_sha256, artifact_uri)
     return model_dir(target), downloaded
+
+
+class ModelStoreUnreachable(RuntimeError):
+    """This node cannot read the registered model: the message names the setting to change."""
+
+
+def machine_local(uri: str | None) -> bool:
+    """Whether ``uri`` names something only the machine that wrote it can read: a plain path, ``file:`` or
+    ``sqlite:`` (not ``s3://``, ``http://``, ``mlflow-artifacts:``, ``models:``, ...). None: the embedded default."""
+    if not uri:
+        return True
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", uri)
+    return scheme is None or scheme[1].lower() in ("file", "sqlite")
+
+
+def store_error(artifact_uri: str, tracking_uri: str | None, exc: Exception) -> Exception:
+    """The error of a failed model download on a node: a clear one when the registry is the embedded store
+    (a SQLite file and an artifact folder on the Dagster machine), which a worker on another machine cannot
+    read; else the download's own error."""
+    if not (machine_local(artifact_uri) or machine_local(tracking_uri)):
+        return exc
+    import socket
+
+    return ModelStoreUnreachable(
+        f"node {socket.gethostname()} cannot read the registered model {artifact_uri} "
+        f"({exc.__class__.__name__}: {exc}): the model registry is a store on the Dagster machine "
+        f"(MLFLOW_TRACKING_URI={tracking_uri or 'the embedded SQLite default'}), which other machines cannot "
+        "read. On a cluster set MLFLOW_TRACKING_URI to an MLflow server whose artifacts every node can reach "
+        "(docs/scale-out.md, section (c)), or give the nodes a shared VLM_CACHE_DIR"
+    )
 
 
 def node_cache_path(artifact_uri: str, cache_dir: str) -> Path:
