@@ -8,7 +8,7 @@ that had run one before, for 1.4 s of decode + generation. So where the service 
 that the service's own driver owns (through ``RunnerFactory``): its workers and Ray Data stay warm
 between batches, and the job's rows stream back to the step, which writes them as before. Without the
 service (an embedded Ray, or a remote cluster through RAY_ADDRESS), the job runs in the step; through
-Ray Client (a Dagster outside the cluster), in a streaming task on the cluster (``on_cluster``).
+Ray Client (a Dagster outside the cluster), in a task on the cluster (``on_cluster``).
 
 Kept free of Dagster so it can be driven and tested with plain Ray.
 """
