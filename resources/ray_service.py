@@ -76,6 +76,11 @@ def ray_init_options() -> dict:
     return {"include_dashboard": False}
 
 
+def cluster_address() -> str | None:
+    """RAY_ADDRESS: the Ray cluster steps connect to, or None (an embedded Ray per step, or the local service)."""
+    return os.environ.get("RAY_ADDRESS") or None
+
+
 def local_ray_address() -> str | None:
     """This instance's long-lived local Ray (`video-assets ray up`) when it runs and RAY_ADDRESS is unset."""
     if os.environ.get("RAY_ADDRESS"):

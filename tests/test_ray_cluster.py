@@ -353,3 +353,17 @@ def test_a_dagster_outside_the_cluster_runs_the_batch_through_ray_client(
     assert meta["error_rows"].value == 0 and meta["rows_written"].value == 2
     nodes = _node_ids(two_node_cluster[0])
     assert meta["ray_nodes"].value == {"decode": [nodes["video_worker"]], "engine": [nodes["head_node"]]}
+
+
+def test_the_accelerator_pool_follows_the_clusters_gpus(two_node_cluster, dagster_home, monkeypatch, capsys):
+    """`video-assets pools --from-cluster` asks the cluster: no GPUs here, so one model step at a time."""
+    from dagster import DagsterInstance
+
+    from video_assets.cli import main
+    from video_assets.defs.common import ACCELERATOR_POOL
+
+    monkeypatch.setenv("RAY_ADDRESS", two_node_cluster[0])
+    assert main(["pools", "--from-cluster"]) == 0
+    assert "cluster GPUs 0" in capsys.readouterr().out
+    with DagsterInstance.get() as instance:
+        assert instance.event_log_storage.get_concurrency_info(ACCELERATOR_POOL).slot_count == 1

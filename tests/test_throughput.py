@@ -104,3 +104,27 @@ def test_decode_beside_vllm_follows_the_cluster():
     assert vllm_decode_workers(2, 128, engines=8, cpu_stage_actors=8) == 112
     # Never below the configured width (a small cluster, or Ray not told about every CPU).
     assert vllm_decode_workers(2, 4, engines=1, cpu_stage_actors=8) == 2
+
+
+def test_the_accelerator_pool_is_set_from_the_command_line(dagster_home, monkeypatch):
+    """`video-assets pools`: the accelerator pool's slots on the instance (dagster.yaml cannot take them
+    from the environment); --from-cluster only with a cluster (an embedded Ray per step sees every GPU)."""
+    from dagster import DagsterInstance
+
+    from video_assets.cli import main
+    from video_assets.core.throughput import accelerator_slots
+    from video_assets.defs.common import ACCELERATOR_POOL
+
+    assert main(["pools", "--slots", "3"]) == 0
+    with DagsterInstance.get() as instance:
+        assert instance.event_log_storage.get_concurrency_info(ACCELERATOR_POOL).slot_count == 3
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(["pools", "--from-cluster"]) == 2
+    assert main(["pools", "--slots", "0"]) == 2
+    # One slot per engine group the GPUs hold, never none.
+    assert [accelerator_slots(8, 1), accelerator_slots(8, 2), accelerator_slots(3, 2), accelerator_slots(0, 1)] == [
+        8,
+        4,
+        1,
+        1,
+    ]

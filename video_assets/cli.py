@@ -348,6 +348,40 @@ def serve_command(args) -> int:
     return 0
 
 
+def pools_command(args) -> int:
+    """The accelerator pool's limit (dagster.yaml's ``default_limit`` is 1 and cannot come from the
+    environment): several model steps at once only on a shared cluster with the GPUs for them. With an
+    embedded Ray every step starts its own Ray that sees every local GPU, so it stays 1 there."""
+    from video_assets.core.throughput import accelerator_slots
+    from video_assets.defs.common import ACCELERATOR_POOL
+
+    slots = args.slots
+    if args.from_cluster:
+        import ray
+
+        from resources.ray_service import cluster_address, ray_init_options
+
+        if not cluster_address():
+            print("video-assets pools --from-cluster: RAY_ADDRESS is not set (embedded Ray: 1 slot)", file=sys.stderr)
+            return 2
+
+        vlm = _resources()["vlm"]
+        ray.init(**ray_init_options())
+        try:
+            gpus = float(ray.cluster_resources().get("GPU", 0))
+        finally:
+            ray.shutdown()
+        per_step = vlm.concurrency * int((vlm.vllm or {}).get("tensor_parallel_size", 1))
+        slots = accelerator_slots(gpus, per_step)
+        print(f"cluster GPUs {gpus:g}, {per_step} per model step")
+    if slots is None or slots < 1:
+        print("video-assets pools: --slots must be at least 1", file=sys.stderr)
+        return 2
+    DagsterInstance.get().event_log_storage.set_concurrency_slots(ACCELERATOR_POOL, slots)
+    print(f"pool {ACCELERATOR_POOL}: {slots} slot(s)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="video-assets", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -371,6 +405,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="CPUs of the Ray cluster: caps decode workers at what engines leave",
     )
+    pools = sub.add_parser(
+        "pools", help="set the accelerator pool: model steps that may run at once across runs (default 1)"
+    )
+    how = pools.add_mutually_exclusive_group(required=True)
+    how.add_argument("--slots", type=int, help="this many")
+    how.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="one per engine group the cluster's GPUs hold (RAY_ADDRESS; vlm concurrency x tensor_parallel_size GPUs each)",
+    )
     srv = sub.add_parser("serve", help="the search service and web page (run `make demo` first)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     srv.add_argument("--port", type=int, default=8300)
@@ -387,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "predict":
         return predict_command(args)
+    if args.command == "pools":
+        return pools_command(args)
     if args.command == "serve":
         return serve_command(args)
     if args.command in ("register", "demo") and (problems := preflight()):

@@ -99,6 +99,12 @@ def vllm_decode_workers(cpu_concurrency: int, cluster_cpus: float, engines: int,
     return max(cpu_concurrency, int(cluster_cpus - engines - cpu_stage_actors))
 
 
+def accelerator_slots(cluster_gpus: float, gpus_per_step: int) -> int:
+    """Model steps that can hold their engines at once on a cluster: one per ``gpus_per_step`` GPUs, at
+    least one (a CPU cluster still runs one model step at a time)."""
+    return max(1, int(cluster_gpus // max(1, gpus_per_step)))
+
+
 def predict(costs: StageCosts, video_s: float, cpu_workers: int, engines: int = 1) -> Prediction:
     """Wall time of captioning ``video_s`` seconds of video with ``cpu_workers`` decode tasks in
     parallel and ``engines`` engines."""
