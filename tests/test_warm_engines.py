@@ -121,3 +121,34 @@ def test_an_engine_that_dies_under_a_batch_is_started_again_and_nothing_is_lost(
         (r["video_id"], r["status"], r["error"], r["prose"]) for r in got
     ]
     assert ray.get(_engine(name).info.remote())["pid"] != before  # served by a new engine
+
+
+class _Encoder:
+    """A model stage of an archive job: one actor, one CPU."""
+
+    def __call__(self, batch):
+        return {"n": [int(x) * 2 for x in batch["n"]]}
+
+
+def _split(row):
+    return [{"n": row["n"]}]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # a hang guard: before, the job waited for the engine's idle delay (an hour here)
+def test_an_idle_caption_engine_does_not_make_the_next_stage_wait_for_its_expiry(local_ray, tiny_model):
+    """An archive stage after captions on the long-lived Ray, on 2 CPUs: the idle warm caption engine holds
+    one, the stage needs an encoder actor and a decode task. The engine is stopped to make room (the next
+    captions batch starts it again) instead of the stage waiting for its idle delay."""
+    from video_assets.core.inference.stages import StageSpec, stream
+
+    vlm = VlmSettings(cache_dir="/tmp", engine="transformers", max_new_tokens=4, batch_size=4)
+    spec = job_spec(SamplingConfig(), vlm, "transformers", ModelFiles(str(tiny_model)), "Describe.")
+    spec = replace(spec, warm_idle_s=3600.0)
+    [name] = ensure_warm_engines(spec)
+    assert ray.get(_engine(name).info.remote())["busy"] == 0  # up and idle
+
+    rows = list(stream([{"n": i} for i in range(4)], _split, {}, _Encoder, {}, StageSpec(1, 1, 0.0, 2)))
+    assert sorted(r["n"] for r in rows) == [0, 2, 4, 6]
+    with pytest.raises(ValueError):
+        _engine(name)  # stopped to make room

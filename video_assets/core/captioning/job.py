@@ -322,6 +322,16 @@ def _engine_alive(name: str) -> bool:
         return False
 
 
+def make_room(cpus: float, gpus: float = 0.0) -> list[str]:
+    """Stop idle warm caption engines that would leave another stage's job (an archive encoder: ``cpus``
+    actors and their ``gpus``, plus a decode task) waiting for their idle expiry; returns those stopped.
+    Measured before: every archive step after a captions step on the long-lived local Ray waited about
+    300 s (the engines' idle delay) on 2 CPUs."""
+    if not ray.is_initialized():
+        return []
+    return _evict_idle_engines(keep=[], cpus=cpus, gpus=gpus)
+
+
 def _evict_idle_engines(keep: list[str], cpus: float, gpus: float, custom: dict[str, float] | None = None) -> list[str]:
     """Stop idle warm engines not in ``keep`` while the cluster lacks ``cpus`` + 1 free CPUs (one for
     a decode task), ``gpus`` free GPUs or the ``custom`` resources the new engines are pinned by (an idle

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from video_assets.core.captioning.job import DECODE_TASK_RETRIES, cpu_task_slots, engine_stage_options
+from video_assets.core.captioning.job import DECODE_TASK_RETRIES, cpu_task_slots, make_room
+from video_assets.core.inference.retries import engine_stage_options
 from video_assets.core.inference.service_runner import streamed
 
 
@@ -44,6 +45,8 @@ def stream(
     Ray service's job runner when the step joined one (warm workers), else here."""
     if not rows:
         return
+    if model_stage is not None:  # an idle warm caption engine must not hold the CPUs (or GPUs) this job needs
+        make_room(spec.model_concurrency, spec.model_concurrency * spec.model_num_gpus)
     yield from streamed(_stream_here, rows, cpu_fn, cpu_kwargs, model_stage, model_kwargs, spec)
 
 
