@@ -65,22 +65,33 @@ def direct_names() -> set[str]:
     return {canonical(Requirement(r).name) for r in reqs} - {"video-assets"}
 
 
+def pip_report(pip: list[str], args: list[str], env: dict[str, str] | None = None) -> list[dict]:
+    """What ``pip install <args>`` would install, from pip's own ``--dry-run --report``: its ``install``
+    entries, each with the sha256 of the file pip picked."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        subprocess.run(
+            [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), *args],
+            check=True,
+            env=env,
+        )
+        return json.loads(report.read_text())["install"]
+
+
+def pinned(name: str, version: str, item: dict) -> str:
+    """A lock entry: the pin and the sha256 of the file pip picked for it (a ``pip_report`` entry)."""
+    return f"{name}=={version} \\\n    --hash=sha256:{item['download_info']['archive_info']['hashes']['sha256']}"
+
+
 def resolve(constraints: dict[str, str]) -> list[dict]:
     """pip's own resolution of the GPU environment: the report's ``install`` entries."""
     with tempfile.TemporaryDirectory() as tmp:
         pins = Path(tmp) / "constraints.txt"
         pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(constraints.items())))
-        report = Path(tmp) / "report.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
         env["PIP_CONFIG_FILE"] = os.devnull  # PyPI only: no local CPU wheels, no machine constraints
-        subprocess.run(
-            # This machine is the target (CPython 3.11, Linux x86_64): pip picks the files for it.
-            [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report",
-             str(report), "-c", str(pins), f"{ROOT}[{EXTRAS}]", *BUILD],
-            check=True,
-            env=env,
-        )  # fmt: skip
-        return json.loads(report.read_text())["install"]
+        # This machine is the target (CPython 3.11, Linux x86_64): pip picks the files for it.
+        return pip_report([sys.executable, "-m", "pip"], ["-c", str(pins), f"{ROOT}[{EXTRAS}]", *BUILD], env)
 
 
 def render(installs: list[dict]) -> str:
@@ -92,10 +103,8 @@ def render(installs: list[dict]) -> str:
     ]
     for item in sorted(installs, key=lambda i: canonical(i["metadata"]["name"])):
         name = canonical(item["metadata"]["name"])
-        if name == "video-assets":
-            continue
-        digest = item["download_info"]["archive_info"]["hashes"]["sha256"]
-        lines.append(f"{name}=={item['metadata']['version']} \\\n    --hash=sha256:{digest}")
+        if name != "video-assets":
+            lines.append(pinned(name, item["metadata"]["version"], item))
     return "\n".join(lines) + "\n"
 
 
@@ -103,21 +112,9 @@ def hash_frozen(lock: Path, pip: str) -> str:
     """``lock`` (``##`` header, then ``name==version`` lines) with the sha256 of the file ``pip`` would
     install for each pin (``--no-deps``: the pins are the whole environment)."""
     lines = lock.read_text().splitlines()
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        subprocess.run(
-            [pip, "install", "--dry-run", "--ignore-installed", "--no-deps", "--quiet", "--report", str(report), "-r",
-             str(lock)],
-            check=True,
-        )  # fmt: skip
-        digests = {
-            canonical(i["metadata"]["name"]): i["download_info"]["archive_info"]["hashes"]["sha256"]
-            for i in json.loads(report.read_text())["install"]
-        }
+    items = {canonical(i["metadata"]["name"]): i for i in pip_report([pip], ["--no-deps", "-r", str(lock)])}
     out = [line for line in lines if line.startswith("##")]
-    for line in lines:
-        if m := PIN.match(line):
-            out.append(f"{m[1]}=={m[2]} \\\n    --hash=sha256:{digests[canonical(m[1])]}")
+    out += [pinned(m[1], m[2], items[canonical(m[1])]) for line in lines if (m := PIN.match(line))]
     return "\n".join(out) + "\n"
 
 

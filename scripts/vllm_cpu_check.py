@@ -152,6 +152,24 @@ def check_video_timing(model: Path) -> list[dict]:
     return out
 
 
+def caption(instance, res: dict, key: str, **config):
+    """The ``captions`` asset of batch ``key`` (8 frames at most, 4 at least, plus ``config``)."""
+    from dagster import materialize
+
+    from video_assets.defs.captioning.assets import captions
+    from video_assets.defs.ingest.assets import raw_videos, video_metadata
+
+    return materialize(
+        [raw_videos, video_metadata, captions],
+        selection=[captions],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        run_config={"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4, **config}}}},
+        raise_on_error=False,
+    )
+
+
 def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
     import polars as pl
     from dagster import instance_for_test, materialize
@@ -179,15 +197,7 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
         ingest = materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res)
         check(ingest.success, "raw_videos, video_metadata")
         (work / "volume" / DAMAGED).write_bytes(b"\x00" * 1000)
-        result = materialize(
-            [raw_videos, video_metadata, captions],
-            selection=[captions],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-            run_config={"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4}}}},
-            raise_on_error=False,
-        )
+        result = caption(instance, res, key)
         times["captions_s"] = time.perf_counter() - t0
         check(result.success, "captions")
         meta = result.asset_materializations_for_node("captions")[0].metadata
@@ -241,24 +251,13 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
 def poison_batch(instance, res: dict, key: str, work: Path) -> tuple[float, list[dict]]:
     """Captions again with every engine request failing fatally: bounded tries, a finished job, error rows."""
     import polars as pl
-    from dagster import materialize
 
     from video_assets.core.inference.retries import NO_RESULT, VLM_BATCH_RETRIES
-    from video_assets.defs.captioning.assets import captions
-    from video_assets.defs.ingest.assets import raw_videos, video_metadata
 
     (work / "tries").mkdir()
     (work / "poison").touch()
     t0 = time.perf_counter()
-    result = materialize(
-        [raw_videos, video_metadata, captions],
-        selection=[captions],
-        partition_key=key,
-        instance=instance,
-        resources=res,
-        run_config={"ops": {"captions": {"config": {"max_frames": 8, "min_frames": 4, "recaption": True}}}},
-        raise_on_error=False,
-    )
+    result = caption(instance, res, key, recaption=True)
     took = time.perf_counter() - t0
     (work / "poison").unlink()
     check(result.success, "captions with a poison engine: the job did not finish")

@@ -124,18 +124,9 @@ def _node_ids(address: str) -> dict[str, str]:
         ray.shutdown()
 
 
-@pytest.mark.slow
-def test_captions_run_on_both_nodes_with_shipped_code(
-    two_node_cluster, instance, resources, volume_dir, tiny_model_cache, tmp_path, monkeypatch
-):
-    address, _, _ = two_node_cluster
-    monkeypatch.setenv("RAY_ADDRESS", address)
-    init = ray_init_options()
-    shipped = init["runtime_env"]["py_modules"]
-    assert {Path(p).name for p in shipped} == {"video_assets", "resources"}
-
-    copy_samples(volume_dir, ["realshort.mp4", "asl_eat.mkv"])
-    res = {
+def _pinned(resources: dict, tmp_path, tiny_model_cache, max_new_tokens: int, init: dict) -> dict:
+    """The step resources of these tests: decode tasks pinned to the worker node, the engine to the head."""
+    return {
         **resources,
         "mlflow_registry": MlflowRegistry(
             tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "a")
@@ -143,15 +134,19 @@ def test_captions_run_on_both_nodes_with_shipped_code(
         "vlm": VlmSettings(
             cache_dir=str(tiny_model_cache),
             engine="transformers",
-            max_new_tokens=6,
+            max_new_tokens=max_new_tokens,
             batch_size=2,
-            decode_resources={"video_worker": 1},
+            decode_resources={"video_worker": 1},  # every read of the volume happens on the worker node
             model_resources={"head_node": 1},
         ),
         "ray_cluster": EmbeddedRay(ray_init_options=init),
     }
-    plan = register_new_files(res["volume"], res["tables"])
-    [key] = plan.batches
+
+
+def _caption_the_volume(instance, res: dict):
+    """Register the volume as one batch, the model and prompt, probe it and caption it; the captions
+    materialisation's metadata."""
+    [key] = register_new_files(res["volume"], res["tables"]).batches
     instance.add_dynamic_partitions(video_batches.name, [key])
     assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
     assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
@@ -164,6 +159,21 @@ def test_captions_run_on_both_nodes_with_shipped_code(
         run_config={"ops": {"captions": {"config": {"max_frames": 4, "min_frames": 2}}}},
     )
     assert result.success
+    return result
+
+
+@pytest.mark.slow
+def test_captions_run_on_both_nodes_with_shipped_code(
+    two_node_cluster, instance, resources, volume_dir, tiny_model_cache, tmp_path, monkeypatch
+):
+    address, _, _ = two_node_cluster
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    init = ray_init_options()
+    shipped = init["runtime_env"]["py_modules"]
+    assert {Path(p).name for p in shipped} == {"video_assets", "resources"}
+
+    copy_samples(volume_dir, ["realshort.mp4", "asl_eat.mkv"])
+    result = _caption_the_volume(instance, _pinned(resources, tmp_path, tiny_model_cache, 6, init))
     meta = result.asset_materializations_for_node("captions")[0].metadata
     assert meta["error_rows"].value == 0 and meta["rows_written"].value == 2
 
@@ -273,35 +283,9 @@ def test_a_clean_worker_node_reads_the_bucket_with_the_steps_forwarded_settings(
 
     address, _, _ = two_node_cluster
     monkeypatch.setenv("RAY_ADDRESS", address)
-    res = {
-        **resources,
-        "volume": VideoVolume(uri=f"s3://{bucket}/videos"),
-        "mlflow_registry": MlflowRegistry(
-            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "a")
-        ),
-        "vlm": VlmSettings(
-            cache_dir=str(tiny_model_cache),
-            engine="transformers",
-            max_new_tokens=4,
-            batch_size=2,
-            decode_resources={"video_worker": 1},  # every read of the bucket happens on the clean node
-            model_resources={"head_node": 1},
-        ),
-        "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options()),
-    }
-    [key] = register_new_files(res["volume"], res["tables"]).batches
-    instance.add_dynamic_partitions(video_batches.name, [key])
-    assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
-    assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
-    result = materialize(
-        [captions, vlm_model, caption_prompt, raw_videos, video_metadata],
-        selection=[captions],
-        partition_key=key,
-        instance=instance,
-        resources=res,
-        run_config={"ops": {"captions": {"config": {"max_frames": 4, "min_frames": 2}}}},
-    )
-    assert result.success
+    res = _pinned(resources, tmp_path, tiny_model_cache, 4, ray_init_options())
+    res["volume"] = VideoVolume(uri=f"s3://{bucket}/videos")
+    result = _caption_the_volume(instance, res)
     meta = result.asset_materializations_for_node("captions")[0].metadata
     rows = pl.read_delta(res["tables"].table_uri("captions"))
     assert meta["error_rows"].value == 0, rows.select("uri", "error").rows()
@@ -321,34 +305,7 @@ def test_a_dagster_outside_the_cluster_runs_the_batch_through_ray_client(
     _, _, client = two_node_cluster
     monkeypatch.setenv("RAY_ADDRESS", client)
     copy_samples(volume_dir, ["realshort.mp4", "asl_eat.mkv"])
-    res = {
-        **resources,
-        "mlflow_registry": MlflowRegistry(
-            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "a")
-        ),
-        "vlm": VlmSettings(
-            cache_dir=str(tiny_model_cache),
-            engine="transformers",
-            max_new_tokens=5,
-            batch_size=2,
-            decode_resources={"video_worker": 1},
-            model_resources={"head_node": 1},
-        ),
-        "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options()),
-    }
-    [key] = register_new_files(res["volume"], res["tables"]).batches
-    instance.add_dynamic_partitions(video_batches.name, [key])
-    assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
-    assert materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success
-    result = materialize(
-        [captions, vlm_model, caption_prompt, raw_videos, video_metadata],
-        selection=[captions],
-        partition_key=key,
-        instance=instance,
-        resources=res,
-        run_config={"ops": {"captions": {"config": {"max_frames": 4, "min_frames": 2}}}},
-    )
-    assert result.success
+    result = _caption_the_volume(instance, _pinned(resources, tmp_path, tiny_model_cache, 5, ray_init_options()))
     meta = result.asset_materializations_for_node("captions")[0].metadata
     assert meta["error_rows"].value == 0 and meta["rows_written"].value == 2
     nodes = _node_ids(two_node_cluster[0])

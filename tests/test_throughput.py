@@ -87,7 +87,7 @@ def test_a_steps_setup_cost_counts_from_its_own_start_not_the_runs(instance):
 
 
 def test_vllm_engine_time_counts_overlapping_requests_once():
-    from video_assets.defs.engines import covered_seconds
+    from video_assets.core.throughput import covered_seconds
 
     # Four requests in flight together for 0-10 s, then one alone for 12-15 s: busy 13 s, not 43.
     assert covered_seconds([(0, 10), (0, 10), (2, 10), (5, 10), (12, 15)]) == 13

@@ -91,6 +91,17 @@ def decode_workers(cpu_concurrency: int, cluster_cpus: float, engines: int, cpus
     return max(1, min(cpu_concurrency, free))
 
 
+def covered_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one interval: the wall time an engine had a request in flight. Summing
+    vLLM's latencies counts each second once per overlapping request (up to max_num_seqs times)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
 def vllm_decode_workers(cpu_concurrency: int, cluster_cpus: float, engines: int, cpu_stage_actors: int) -> int:
     """Decode tasks beside vLLM: every CPU of the cluster that its engines (1 CPU each) and Ray's CPU stages
     (chat template, multimodal parsing: up to ``cpu_stage_actors`` actors of 1 CPU) leave, and never fewer

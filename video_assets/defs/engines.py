@@ -27,6 +27,7 @@ from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
 from video_assets.core.structuring.versions import StructuringPlan
 from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
+from video_assets.core.throughput import covered_seconds
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 from video_assets.defs.lineage import CaptionPair
@@ -203,17 +204,6 @@ def run_captioning(
         "nodes": {k: sorted(v) for k, v in nodes.items()},
         "previews": previews,
     }
-
-
-def covered_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Seconds covered by at least one interval: the wall time an engine had a request in flight. Summing
-    vLLM's latencies counts each second once per overlapping request (up to max_num_seqs times)."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
 
 
 def missing_rows(videos: list[dict], arrived: dict[str, dict[int, dict]], done: set[str], log) -> list[dict]:

@@ -499,12 +499,14 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             **engine_stage_options(),
             **({"resources": spec.vlm_resources} if spec.vlm_resources else {}),
         )
-    engine_node = None
+    engine_node, asked = None, False
     for row in tolerate_failed_batches(ds).iter_rows():
         out = {k: row.get(k) for k in RESULT_COLUMNS}
         if spec.engine.name == "vllm" and out["status"] == CAPTION_OK:
-            # Ray's vLLM stage does not say where it ran: its engine actors' node, when there is one.
-            engine_node = engine_node or vllm_engine_node()
+            # Ray's vLLM stage does not say where it ran: its engine actors' node, when there is one. Asked
+            # once, at the first answer (the engines are up by then), not once a row.
+            if not asked:
+                engine_node, asked = vllm_engine_node(), True
             out["engine_node"] = engine_node
         yield out
 
