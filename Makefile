@@ -133,7 +133,8 @@ config-docs: $(BIN)/.installed
 	$(BIN)/python -m scripts.config_docs
 
 # A long-lived local Ray (127.0.0.1, this instance's token) that every step joins: Ray's start-up is
-# paid once and caption engines stay loaded between batches. Start it before `make demo` / `make ui`.
+# paid once and the caption model is served (Ray Serve, scaled to zero when idle) between batches. Start it
+# before `make demo` / `make ui`.
 ray-up: $(BIN)/.installed
 	$(BIN)/video-assets ray up
 
@@ -141,7 +142,7 @@ ray-down: $(BIN)/.installed
 	$(BIN)/video-assets ray down
 
 # With the long-lived local Ray (`video-assets ray up`) started first, unless RAY_ADDRESS names a
-# cluster or UI_RAY=embedded: steps join it (warm workers and engines); stopped again when the UI
+# cluster or UI_RAY=embedded: steps join it (the served caption model); stopped again when the UI
 # exits, if this target started it.
 UI_RAY ?= service
 ui: $(BIN)/.installed

@@ -1,12 +1,12 @@
 """A long-lived local Ray for the embedded default (`video-assets ray up`, `make ray-up`): started once
 with this instance's token, joined by every step instead of starting and stopping a Ray
-of its own, so Ray's start-up is paid once and caption engines stay loaded between batches (warm
-engines, ``warm_engine_idle_s``). Without it, each step embeds its own Ray as before.
+of its own, so Ray's start-up is paid once and the caption model is served between batches (a Ray Serve
+application per model, ``core/serving/captioner.py``, scaled to zero after ``warm_engine_idle_s``).
+Without it, each step embeds its own Ray as before.
 
 The service is one Python process, started in a session of its own, that starts Ray the way the
-embedded resource does (``ray.init``: token authentication, no Ray Client server, no dashboard) and stays
-its driver: the job runners it owns (``core/inference/service_runner.py``) run the steps' Ray Data jobs
-on workers that stay up between batches. Its address and process id live in
+embedded resource does (``ray.init``: token authentication, no Ray Client server, no dashboard) and
+Ray Serve without its HTTP proxy (handles only: no port), and stays its driver. Its address and process id live in
 ``$DAGSTER_HOME/ray/service.json``; ``video-assets ray down`` stops the service and then every process
 left in its session (and any process naming its session folder), nothing else of Ray's."""
 
@@ -126,18 +126,17 @@ def up(num_cpus: int | None = None) -> dict:
 
 
 def serve(temp_dir: str, num_cpus: int | None) -> None:
-    """The service process: start Ray, publish its address, own the job runners, wait for SIGTERM."""
+    """The service process: start Ray and Serve, publish the address, wait for SIGTERM."""
     import ray
 
-    from video_assets.core.inference.service_runner import start_factory
+    from video_assets.core.serving.captioner import start_serve
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     with embedded_ray_auth():  # token authentication, as the embedded Ray; its processes inherit it
         # "local": always a new Ray, never one a stale /tmp/ray/ray_current_cluster points at
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir)
-        factory = start_factory()
-        ray.get(factory.__ray_ready__.remote())
+        start_serve()  # applications are deployed by the steps that need them
         # Ray binds its GCS on every interface under the node's address (token-guarded, as the
         # embedded Ray's); steps on this machine reach it on loopback.
         gcs = "127.0.0.1:" + ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
@@ -148,6 +147,9 @@ def serve(temp_dir: str, num_cpus: int | None) -> None:
         print(f"local Ray service up at {gcs} (pid {os.getpid()})", flush=True)
         while not stop:
             time.sleep(0.5)
+        from ray import serve
+
+        serve.shutdown()  # the applications' replicas, the controller
         ray.shutdown()  # stops the Ray processes this driver started
 
 

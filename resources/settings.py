@@ -92,7 +92,7 @@ def ensure_ray_auth_token(path: Path) -> Path:
 
 # What Ray's processes read at start: token mode, and where the token is (Ray's C++ loader reads
 # RAY_AUTH_TOKEN before RAY_AUTH_TOKEN_PATH, so an inherited RAY_AUTH_TOKEN is set aside).
-_RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
+_RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN", "RAY_enable_metrics_collection")
 
 
 @contextlib.contextmanager
@@ -116,6 +116,9 @@ def ray_token_auth(token: Path) -> Iterator[Path]:
     saved = {k: os.environ.get(k) for k in _RAY_AUTH_VARS}
     os.environ.pop("RAY_AUTH_TOKEN", None)
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+    # No metrics exporter: with Ray Serve's dependencies installed the dashboard agent would serve
+    # Prometheus metrics on every interface, without the token.
+    os.environ["RAY_enable_metrics_collection"] = "false"
     _reload_ray_auth()
     try:
         yield token

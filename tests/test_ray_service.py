@@ -1,5 +1,5 @@
 """The long-lived local Ray (`video-assets ray up`): steps join it instead of embedding a Ray each, the
-caption engine loaded by one batch serves the next, and `ray down` stops every process it started.
+caption model served by Ray Serve for one batch serves the next (and structuring), and `ray down` stops every process it started.
 Real Ray processes on 127.0.0.1, the real captions asset, the tiny real model."""
 
 import json
@@ -21,8 +21,6 @@ from resources.settings import embedded_ray_auth
 from resources.structurer import StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from tests.fixtures.samples import copy_samples
-from video_assets.core.captioning.job import WARM_NAMESPACE
-from video_assets.core.inference.service_runner import FACTORY
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.engines import TransformersStructurer
 from video_assets.defs.captioning.assets import captions
@@ -46,33 +44,16 @@ def _cli(*args):
     )
 
 
-def _engine_infos(address) -> list[dict]:
+def _replicas(address) -> list[dict]:
+    """The caption applications Serve runs on the service, each one's replica stats (one replica each here)."""
+    from ray import serve
+
+    from video_assets.core.serving.captioner import APP_PREFIX, stats
+
     with embedded_ray_auth():
         ray.init(address=address)
         try:
-            actors = ray.util.list_named_actors(all_namespaces=True)
-            names = [a["name"] for a in actors if a["name"].startswith("caption-engine-")]
-            return [ray.get(ray.get_actor(n, namespace=WARM_NAMESPACE).info.remote()) for n in names]
-        finally:
-            ray.shutdown()
-
-
-def _actor_pids(address) -> dict[str, set[int]]:
-    """The service's warm engines and job runners, by kind: their process ids."""
-    with embedded_ray_auth():
-        ray.init(address=address)
-        try:
-            actors = ray.util.list_named_actors(all_namespaces=True)
-            names = [a["name"] for a in actors if a["namespace"] == WARM_NAMESPACE]
-            pids: dict[str, set[int]] = {"engine": set(), "runner": set()}
-            for n in names:
-                kind = (
-                    "engine" if n.startswith("caption-engine-") else "runner" if n.startswith("job-runner-") else None
-                )
-                kind = None if n == FACTORY else kind
-                if kind:
-                    pids[kind].add(ray.get(ray.get_actor(n, namespace=WARM_NAMESPACE).info.remote())["pid"])
-            return pids
+            return [{"app": n, **stats(n)} for n in serve.status().applications if n.startswith(APP_PREFIX)]
         finally:
             ray.shutdown()
 
@@ -113,11 +94,12 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
             )
             assert result.success
             assert ray_service.service_address() == address  # the service outlived the step
-            pids.append(_actor_pids(address))
-        # One engine, loaded once, served both batches; both jobs ran in the service's one runner (the
-        # step's rows came back from it), not in the step's own Ray job.
-        assert len(pids[0]["engine"]) == 1 and pids[0]["engine"] == pids[1]["engine"]
-        assert len(pids[0]["runner"]) == 1 and pids[0]["runner"] == pids[1]["runner"]
+            service = result.asset_materializations_for_node("captions")[0].metadata["engine_service"].value
+            assert service["mode"] == "served" and service["replicas"] == 1
+            pids.append(_replicas(address))
+        # One application, one replica, the model loaded once, served both batches.
+        assert len(pids[0]) == 1 and [(r["app"], r["pid"]) for r in pids[0]] == [(r["app"], r["pid"]) for r in pids[1]]
+        assert pids[1][0]["loads"] == 1 and pids[1][0]["captioned"] == 3
         caps = pl.read_delta(res["tables"].table_uri("captions"))
         assert caps.height == 3 and (caps["status"] == "ok").all()
 
@@ -135,11 +117,14 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
             resources=res,
         )
         assert result.success
-        after = _actor_pids(address)
-        assert after["engine"] == pids[0]["engine"]  # the same engine process, still the only one
-        [engine] = _engine_infos(address)
+        meta = result.asset_materializations_for_node("structured_events")[0].metadata
+        assert meta["structuring_engine"].value == "transformers (served caption engine)"
+        [engine] = _replicas(address)
+        assert (engine["app"], engine["pid"], engine["loads"]) == (pids[0][0]["app"], pids[0][0]["pid"], 1)
         events = pl.read_delta(res["tables"].table_uri("structured_events")).filter(pl.col("batch_key") == key)
-        assert events.height == 2 and engine["structured"] >= 2
+        # The first pass for each caption, and a retry only for those whose first pass failed.
+        retried = events.filter(pl.col("status").is_in(["retried", "unparsed"])).height
+        assert events.height == 2 and engine["structured"] == 2 + retried
         uc = uc_mod.load("object_handling")
         batch_caps = caps.filter(pl.col("batch_key") == key).sort("video_id").to_dicts()
         local = structure_rows(
@@ -152,6 +137,9 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
         got = events.sort("video_id").select("status", "verdict", "raw_output").to_dicts()
         assert got == [{k: r[k] for k in ("status", "verdict", "raw_output")} for r in local]
     finally:
+        # The in-process steps left this process a driver of the service's Ray (a run's own process exits
+        # instead): disconnect first, or Ray ends this process once the service's GCS is gone.
+        ray.shutdown()
         session = json.loads(ray_service.service_file().read_text())["pid"]
         down = _cli("ray", "down")
     assert down.returncode == 0, down.stderr

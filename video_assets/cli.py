@@ -288,7 +288,8 @@ def predict_command(args) -> int:
 
 
 def ray_service_command(args) -> int:
-    """Steps join the service instead of embedding a Ray each (start-up paid once, engines kept warm)."""
+    """Steps join the service instead of embedding a Ray each (start-up paid once, the caption model served
+    by Ray Serve between batches)."""
     from resources import ray_service
 
     if args.action == "up":

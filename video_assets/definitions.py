@@ -74,6 +74,9 @@ def build_resources() -> dict:
             model_source=env_or("VLM_MODEL_SOURCE", TINY_MODEL_SOURCE),
             engine=env_or("VLM_ENGINE", "auto"),
             cache_dir=env_or("VLM_CACHE_DIR", default_models_dir()),
+            endpoint_url=env_or("VLM_ENDPOINT_URL", ""),
+            endpoint_model=env_or("VLM_ENDPOINT_MODEL", ""),
+            endpoint_api_key=env_or("VLM_ENDPOINT_API_KEY", ""),
         ),
         "search_index_store": SearchIndex(uri=env_or("VIDEO_INDEX_URI", default_index_uri())),
         "archive": ArchiveSettings(

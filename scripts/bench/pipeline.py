@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +42,14 @@ def _workspace(work: Path, batch_size: int, warm: bool) -> dict:
     """A fresh volume, Dagster home, tables and MLflow store under ``work``, and the resources on them
     (tiny model on transformers; a Ray per step, or with ``warm`` this home's long-lived local Ray,
     started here: the caller stops it with ``ray_service.down()``)."""
+    from dagster_ray.configs import Lifecycle
+
     from resources import ray_service
     from resources.delta import DeltaTables
     from resources.mlflow_registry import MlflowRegistry
     from resources.ray_cluster import EmbeddedRay
     from resources.ray_service import local_ray_address, ray_init_options
+    from resources.structurer import StructurerSettings
     from resources.vlm import VlmSettings
     from resources.volume import VideoVolume
 
@@ -63,13 +67,20 @@ def _workspace(work: Path, batch_size: int, warm: bool) -> dict:
         ),
         "vlm": VlmSettings(cache_dir=str(work / "models"), engine="transformers", max_new_tokens=16),
         "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options(), address=local_ray_address()),
+        "ray_on_demand": EmbeddedRay(
+            ray_init_options=ray_init_options(), address=local_ray_address(), lifecycle=Lifecycle(connect=False)
+        ),
+        "structurer": StructurerSettings(engine="transformers", device="cpu", max_new_tokens=64),
     }
 
 
-def _batches(work: Path, warm: bool, sizes: tuple[int, ...] = (SMALL, LARGE), clip_s: int = CLIP_S) -> dict[int, dict]:
+def _batches(
+    work: Path, warm: bool, sizes: tuple[int, ...] = (SMALL, LARGE), clip_s: int = CLIP_S, structure: bool = False
+) -> dict:
     """The captions step's metadata (``cost_breakdown``, ``video_s``, ``requests``) for a batch of each
     size, one after the other (after a 1-clip warm-up batch when ``warm``: the long-lived local Ray and
-    its engine are then already up)."""
+    its engine are then already up); with ``structure``, also the wall time of ``structured_events`` on the
+    last batch (``structuring_s``)."""
     from dagster import DagsterInstance, materialize
 
     from resources import ray_service
@@ -78,6 +89,7 @@ def _batches(work: Path, warm: bool, sizes: tuple[int, ...] = (SMALL, LARGE), cl
     from video_assets.defs.ingest.registration import register_new_files
     from video_assets.defs.models.assets import caption_prompt, vlm_model
     from video_assets.defs.partitions import video_batches
+    from video_assets.defs.structuring.assets import structured_events
 
     res = _workspace(work, 100, warm)
     volume = work / "volume"
@@ -110,6 +122,19 @@ def _batches(work: Path, warm: bool, sizes: tuple[int, ...] = (SMALL, LARGE), cl
                 "video_s": meta["video_s"].value,
                 "requests": meta["requests"].value,
             }
+        if not structure:
+            return costs
+        # The last batch structured with the captioning model: served (warm: the caption replica, no
+        # model load) or loaded in the step (cold).
+        started = time.perf_counter()
+        assert materialize(
+            [structured_events, captions, vlm_model, caption_prompt, raw_videos, video_metadata],
+            selection=[structured_events],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+        ).success
+        costs["structuring_s"] = time.perf_counter() - started
         return costs
     finally:
         if warm:
@@ -169,9 +194,11 @@ def _backfill(work: Path, single_run: bool) -> float:
 def rows(clips: list[Path] | None = None, work: Path | None = None) -> list[dict]:
     work = Path(work or "/tmp/video-assets-bench") / "pipeline"
     out = []
+    structuring = {}
     for warm in (False, True):
         # a folder per mode: MLflow keeps one store per tracking URI for the whole process
-        costs = _batches(work / ("warm" if warm else "cold"), warm)
+        costs = _batches(work / ("warm" if warm else "cold"), warm, structure=True)
+        structuring[warm] = costs["structuring_s"]
         small, large = costs[SMALL], costs[LARGE]
         mode = "warm (video-assets ray up)" if warm else "cold (a Ray per step)"
         work_s = large["busy_s"]["decode_cpu"] + large["busy_s"]["generation"]
@@ -198,6 +225,17 @@ def rows(clips: list[Path] | None = None, work: Path | None = None) -> list[dict
                 "note": parts,
             },
         ]
+    out.append(
+        {
+            "measurement": f"structured_events of the {LARGE}-clip batch with the captioning model, step wall",
+            "ours_s": structuring[True],
+            "baseline": "cold: a structurer loaded in the step",
+            "baseline_s": structuring[False],
+            "ratio": structuring[True] / structuring[False],
+            "target": "no model load (< 1)",
+            "note": "warm: the served caption replica (Ray Serve) structures; the step loads nothing",
+        }
+    )
     one = _backfill(work / "backfill-one-run", single_run=True)
     each = _backfill(work / "backfill-run-each", single_run=False)
     out.append(

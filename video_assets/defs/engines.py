@@ -14,15 +14,16 @@ from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_service import ray_outlives_steps
 from resources.structurer import CAPTIONER, StructurerSettings
-from resources.vlm import VlmSettings
+from resources.vlm import VlmSettings, registered_endpoint
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
 from video_assets.core.captioning.versions import caption_digest, split_key
 from video_assets.core.inference import choose_engine_name, vllm_importable
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.retries import NO_RESULT
-from video_assets.core.inference.service_runner import on_cluster, streamed
+from video_assets.core.inference.service_runner import on_cluster
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.serving.captioner import engine_service
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
 from video_assets.core.structuring.versions import StructuringPlan
@@ -89,13 +90,24 @@ def model_files_of(registry: MlflowRegistry, vlm: VlmSettings, version: str) -> 
 def job_spec(
     sampling: SamplingConfig, vlm: VlmSettings, engine: str, model: ModelFiles, prompt_template: str
 ) -> JobSpec:
-    """The Ray job of a captioning run; a plan vLLM cannot honour is a Failure before anything starts."""
+    """The Ray job of a captioning run; a plan vLLM cannot honour, or an engine that cannot run the registered
+    version (an endpoint's version on an in-job engine, or weights on the endpoint engine), is a Failure
+    before anything starts."""
     try:
         vllm_settings = vlm.vllm_settings(model.path)
         if engine == "vllm":
             check_frames(vllm_settings, sampling.max_frames)
     except ValueError as exc:
         raise Failure(str(exc)) from exc
+    served = registered_endpoint(model.path)
+    if (engine == "endpoint") != (served is not None):
+        raise Failure(
+            f"the registered caption model ({model.artifact_uri or model.path}) is "
+            + (f"the endpoint {served['url']} ({served['model']})" if served else "a folder of weights")
+            + f", which the {engine} engine cannot run: set VLM_ENGINE to match it, or register the model this "
+            "engine runs (materialise vlm_model with VLM_ENGINE=endpoint and VLM_ENDPOINT_URL, or without)",
+            allow_retries=False,
+        )
     return JobSpec(
         sampling=sampling,
         engine=EngineSpec(
@@ -113,12 +125,13 @@ def job_spec(
         vlm_resources=dict(vlm.model_resources),
         vllm=vllm_settings.model_dump(),
         warm_idle_s=vlm.warm_engine_idle_s if engine == "transformers" and ray_outlives_steps() else 0.0,
+        endpoint=vlm.endpoint(served) if served else {},
     )
 
 
 def warm_engine_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
-    """The spec that names the captions step's warm transformers engine for ``model`` (what another
-    step needs to use the same loaded engine), or None when engines are not kept warm (no Ray that
+    """The spec that names the captions step's served transformers engine for ``model`` (what another
+    step needs to use the same loaded replica), or None when engines are not served (no Ray that
     outlives the steps)."""
     spec = job_spec(SamplingConfig(), vlm, "transformers", model, "")
     return spec if spec.warm_idle_s > 0 else None
@@ -148,12 +161,11 @@ def run_captioning(
     previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     n_rows = 0
-    vllm = spec.engine.name == "vllm"
+    # Requests that overlap (vLLM's engine, a server): busy while any is in flight, not their summed latencies.
+    vllm = spec.engine.name in ("vllm", "endpoint")
     in_flight: list[tuple[float, float]] = []  # vLLM: (sent, answered) of each request, as this process saw it
-    # In the long-lived local Ray's job runner when it runs (warm workers); a vLLM job stays in the
-    # step, where its processor and model placement are tested (make test-vllm-cpu). Through Ray
-    # Client either runs in a task on the cluster (on_cluster).
-    jobs = on_cluster(caption_rows, videos, spec) if vllm else streamed(caption_rows, videos, spec)
+    # The step drives the job; through Ray Client, a task on the cluster does (on_cluster).
+    jobs = on_cluster(caption_rows, videos, spec)
     for n_rows, row in enumerate(jobs if videos else [], start=1):
         if first_row_s is None:
             first_row_s = time.perf_counter() - started
@@ -203,6 +215,7 @@ def run_captioning(
         "engine_s": engine_s,
         "nodes": {k: sorted(v) for k, v in nodes.items()},
         "previews": previews,
+        "service": engine_service(spec),
     }
 
 
@@ -261,15 +274,28 @@ def make_structurer(
     captioner: ModelFiles | Path | str | None,
     connect_ray=None,
     warm: JobSpec | None = None,
+    endpoint: dict | None = None,
 ):
     """The engine for ``settings`` (the captioning model's files when model is 'captioner').
 
     ``connect_ray()`` connects to Ray through the step's Ray resource and returns the cluster's GPU
     count; it is called only when vLLM could run (asked for, or ``auto`` with vLLM installed), so the
     CPU default never starts Ray for structuring. Without it, the GPUs this process sees decide.
-    ``warm``: the captions step's warm engine (the step joined a Ray that outlives it); the
-    'captioner' structurer on transformers then runs on that engine's loaded model, on its device,
-    instead of loading the model again here."""
+    ``warm``: the captions step's served engine (the step joined a Ray that outlives it); the
+    'captioner' structurer on transformers then runs on that replica's loaded model, on its device,
+    instead of loading the model again here. ``endpoint``: the captioning model is an endpoint
+    (``VlmSettings.endpoint``); the 'captioner' structurer then asks it, whatever ``engine`` says."""
+    if settings.model == CAPTIONER and endpoint is not None:
+        from video_assets.core.structuring.engines import EndpointStructurer
+
+        if connect_ray is not None:
+            connect_ray()  # the requests go through a Ray Data job
+        return EndpointStructurer(endpoint)
+    if (settings.engine or "").strip().lower() == "endpoint":
+        raise ValueError(
+            "STRUCTURER_ENGINE=endpoint structures with the captioning endpoint: set STRUCTURER_MODEL=captioner "
+            "and register the captioning model with VLM_ENGINE=endpoint"
+        )
     files = captioner if isinstance(captioner, ModelFiles) or captioner is None else ModelFiles(str(captioner))
     if settings.model == CAPTIONER and files is None:
         raise ValueError("structuring with the captioning model needs its files")
@@ -283,9 +309,9 @@ def make_structurer(
 
         return VllmStructurer(settings.vllm_settings(model), files if settings.model == CAPTIONER else None)
     if warm is not None and settings.model == CAPTIONER:
-        from video_assets.core.captioning.job import WarmStructurer
+        from video_assets.core.serving.captioner import ServedStructurer
 
-        return WarmStructurer(warm, settings.batch_size)
+        return ServedStructurer(warm, settings.batch_size)
     from video_assets.core.structuring.engines import TransformersStructurer
 
     return TransformersStructurer(model, settings.device, settings.batch_size)

@@ -31,7 +31,7 @@ from video_assets.core.captioning.requests import (
     validate_request,
     video_metadata,
 )
-from video_assets.core.captioning.rows import CARRIED_COLUMNS, decode_error
+from video_assets.core.captioning.rows import decode_error, result_row
 from video_assets.core.inference.vllm import (
     ERROR_KEY,
     VllmSettings,
@@ -154,19 +154,7 @@ def _job_result(row: dict[str, Any]) -> dict[str, Any]:
         return row  # (rows that skipped it carry the column too, as null: Ray unifies the schema)
 
     resp = from_vllm_row(row)
-    error = resp.error or decode_error(row.get("decode_error"))
-    out = {k: row.get(k) for k in CARRIED_COLUMNS}
-    out.update(
-        frame_timestamps=[float(t) for t in (row.get("frame_timestamps") or [])],
-        engine_s=resp.latency_s,
-        prose=resp.text,
-        input_tokens=resp.input_tokens,
-        output_tokens=resp.output_tokens,
-        latency_s=resp.latency_s,
-        status=CAPTION_ERROR if error else CAPTION_OK,
-        error=error,
-    )
-    return out
+    return result_row(row, resp.text, resp.input_tokens, resp.output_tokens, resp.latency_s, resp.error)
 
 
 def build_vllm_processor_for_job(ds, spec):

@@ -3,6 +3,7 @@ the transformers generation helper (``hf``) and the vLLM settings and row conver
 
 - ``transformers``: CPU or one GPU, inside a Ray Data actor (captions) or the step (structuring).
 - ``vllm``: Ray Data LLM's vLLM processor, GPU clusters.
+- ``endpoint``: an OpenAI-compatible server (``endpoint``), through Ray Data LLM's HTTP stage.
 
 Importing this package imports neither torch, transformers nor vLLM.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 
-ENGINE_NAMES = ("transformers", "vllm")
+ENGINE_NAMES = ("transformers", "vllm", "endpoint")
 
 __all__ = [
     "ENGINE_NAMES",
@@ -43,7 +44,7 @@ def cuda_visible() -> bool:
 def choose_engine_name(requested: str | None, gpus: float | None = None) -> str:
     """Which engine runs. ``"auto"``/None -> ``"vllm"`` only when vLLM is importable AND GPUs are there:
     ``gpus`` of the Ray cluster when the caller knows it, else a CUDA GPU visible to this process.
-    An explicit ``"transformers"`` or ``"vllm"`` is returned as asked (the vLLM stage may run on
+    An explicit ``"transformers"``, ``"vllm"`` or ``"endpoint"`` is returned as asked (the vLLM stage may run on
     cluster GPUs this process cannot see); anything else is a ValueError.
     """
     name = (requested or "auto").strip().lower()
@@ -51,5 +52,7 @@ def choose_engine_name(requested: str | None, gpus: float | None = None) -> str:
         has_gpus = gpus > 0 if gpus is not None else cuda_visible()
         return "vllm" if vllm_importable() and has_gpus else "transformers"
     if name not in ENGINE_NAMES:
-        raise ValueError(f"unknown engine {requested!r}; expected auto, {' or '.join(ENGINE_NAMES)}")
+        raise ValueError(
+            f"unknown engine {requested!r}; expected auto, {', '.join(ENGINE_NAMES[:-1])} or {ENGINE_NAMES[-1]}"
+        )
     return name

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from video_assets.core.captioning.job import DECODE_TASK_RETRIES, cpu_task_slots, make_room
+from video_assets.core.captioning.job import DECODE_TASK_RETRIES, cpu_task_slots
 from video_assets.core.inference.retries import engine_stage_options
-from video_assets.core.inference.service_runner import streamed
+from video_assets.core.inference.service_runner import on_cluster
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,11 @@ def stream(
 ) -> Iterator[dict]:
     """Run ``rows`` through ``cpu_fn`` (one input row -> any number of rows; None: no CPU stage) and
     ``model_stage`` (an actor class called with batches; None: no model stage, the CPU stage's rows come
-    out as they are); yields the last stage's rows as they come. The job runs in the long-lived local
-    Ray service's job runner when the step joined one (warm workers), else here."""
+    out as they are); yields the last stage's rows as they come. The job runs here (through Ray Client,
+    in a task on the cluster: ``on_cluster``)."""
     if not rows:
         return
-    if model_stage is not None:  # an idle warm caption engine must not hold the CPUs (or GPUs) this job needs
-        make_room(spec.model_concurrency, spec.model_concurrency * spec.model_num_gpus)
-    yield from streamed(_stream_here, rows, cpu_fn, cpu_kwargs, model_stage, model_kwargs, spec)
+    yield from on_cluster(_stream_here, rows, cpu_fn, cpu_kwargs, model_stage, model_kwargs, spec)
 
 
 def _stream_here(

@@ -150,3 +150,66 @@ class VllmStructurer:
         return [
             by_id.get(q.request_id, StructureResponse(q.request_id, "", error="no output from vLLM")) for q in requests
         ]
+
+
+# -- an OpenAI-compatible endpoint through Ray Data LLM's HTTP stage ------------------------------------
+
+
+def structure_payload(model: str, req: StructureRequest) -> dict[str, Any]:
+    """A chat completion constrained to the request's JSON schema (OpenAI ``response_format``; vLLM's server
+    decodes with it as structured outputs)."""
+    return {
+        "model": model,
+        "messages": req.messages,
+        "max_tokens": int(req.max_new_tokens),
+        "temperature": 0.0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "structured", "schema": req.schema}},
+    }
+
+
+def _endpoint_rows(endpoint, items: list[dict]):
+    import ray
+
+    from video_assets.core.inference.endpoint import build_processor, payload_row
+
+    processor = build_processor(
+        endpoint,
+        preprocess=lambda row: payload_row(json.loads(row["request_json"])),
+        postprocess=lambda row: {
+            REQUEST_KEY: row[REQUEST_KEY],
+            "http_response": row.get("http_response"),
+            "endpoint_s": row.get("endpoint_s"),
+        },
+    )
+    yield from tolerate_failed_batches(processor(ray.data.from_items(items))).take_all()
+
+
+class EndpointStructurer:
+    """Structuring on the captioning endpoint (``VLM_ENGINE=endpoint`` with ``STRUCTURER_MODEL=captioner``):
+    one request per caption with the use case's JSON schema. The server is already up, so a retry costs only
+    its own request: the retry pass goes only for the rows whose first pass failed."""
+
+    speculative_retry = False
+
+    def __init__(self, endpoint: dict):
+        from video_assets.core.inference.endpoint import Endpoint
+
+        self.endpoint = Endpoint(**endpoint)
+        self.name = f"endpoint {self.endpoint.url} ({self.endpoint.model})"
+
+    def generate(self, requests: list[StructureRequest]) -> list[StructureResponse]:
+        from video_assets.core.inference.endpoint import read_answer
+
+        if not requests:
+            return []
+        items = [
+            {REQUEST_KEY: q.request_id, "request_json": json.dumps(structure_payload(self.endpoint.model, q))}
+            for q in requests
+        ]
+        by_id = {}
+        for row in on_cluster(_endpoint_rows, self.endpoint, items):
+            answer = read_answer(row)
+            rid = str(row.get(REQUEST_KEY, ""))
+            by_id[rid] = StructureResponse(rid, answer.text, answer.output_tokens, answer.latency_s, answer.error)
+        missing = "no answer from the endpoint after every try (see the Ray logs)"
+        return [by_id.get(q.request_id, StructureResponse(q.request_id, "", error=missing)) for q in requests]

@@ -143,6 +143,8 @@ def captions(
             "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{vlm.alias}"),
             **pair.metadata(),
             "engine": MetadataValue.text(engine),
+            # Served (the application and its replicas) or in-job engines: what answered this batch.
+            "engine_service": MetadataValue.json(stats["service"]),
             "batches": MetadataValue.int(len(batches)),
             "videos_captioned": MetadataValue.int(todo.height),
             "videos_cached": MetadataValue.int(good.height - todo.height),

@@ -50,17 +50,19 @@ def vlm_model(
         folder,
         name=vlm.registered_model,
         alias=vlm.alias,
-        source=vlm.model_source,
+        source=vlm.registered_source,
         fingerprint=fingerprint,
         tags={"revision": vlm.model_revision or ""},
         set_alias=False,
+        # An endpoint's version is its config.json alone (``VlmSettings.materialize_source``): logged as it is.
+        flavor="files" if vlm.uses_endpoint else "transformers",
     )
     alias = mlflow_registry.place_new_version(
         "model", vlm.registered_model, registered.version, vlm.alias, CHALLENGER, config.skip_gate
     )
     verb = "registered as new version" if registered.created else "already registered as version"
     context.log.info(
-        f"{vlm.model_source}: {verb} {registered.version}; models:/{vlm.registered_model}@{alias} -> v{registered.version}"
+        f"{vlm.registered_source}: {verb} {registered.version}; models:/{vlm.registered_model}@{alias} -> v{registered.version}"
     )
     if alias == CHALLENGER:
         context.log.info("run the promote_challenger job to evaluate it against production on the golden set")
@@ -72,7 +74,7 @@ def vlm_model(
             "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{alias}"),
             "alias": MetadataValue.text(alias),
             "version": MetadataValue.text(registered.version),
-            "source": MetadataValue.text(vlm.model_source),
+            "source": MetadataValue.text(vlm.registered_source),
             "fingerprint": MetadataValue.text(fingerprint),
             "size_bytes": MetadataValue.int(_size_bytes(folder)),
             "new_version": MetadataValue.bool(registered.created),

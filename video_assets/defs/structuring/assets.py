@@ -10,7 +10,7 @@ from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_service import ray_outlives_steps
 from resources.structurer import CAPTIONER, StructurerSettings
-from resources.vlm import VlmSettings
+from resources.vlm import VlmSettings, registered_endpoint
 from video_assets.core.captioning.versions import caption_versions
 from video_assets.core.structuring.versions import plan_structuring, structuring_versions
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
@@ -83,11 +83,18 @@ def structured_events(
             continue
         if engine is None:
             files = model_files_of(mlflow_registry, vlm, model_version) if structurer.model == CAPTIONER else None
+            served = registered_endpoint(files.path) if files is not None else None  # the captioner is an endpoint
             warm = None
-            if files is not None and ray_outlives_steps():  # engines stay warm there: share the captions one
+            if files is not None and served is None and ray_outlives_steps():  # served there: share the captions one
                 _connect(context, ray_on_demand)
                 warm = warm_engine_spec(vlm, files)
-            engine = make_structurer(structurer, files, connect_ray=lambda: _connect(context, ray_on_demand), warm=warm)
+            engine = make_structurer(
+                structurer,
+                files,
+                connect_ray=lambda: _connect(context, ray_on_demand),
+                warm=warm,
+                endpoint=vlm.endpoint(served) if served else None,
+            )
             context.log.info(f"structuring with {sid} on {getattr(engine, 'name', '?')}")
         new_rows += structure_rows(engine, structurer, uc, todo, sid, context.log)
     # The affected videos' rows in one commit, as captions writes a video's: never a mix of old and new.
@@ -110,6 +117,9 @@ def structured_events(
             ),
             **pair.metadata(),
             "structurer": MetadataValue.text(sid),
+            # The engine that answered (a served caption application, an endpoint, or one in the step);
+            # "none" when every caption was already structured.
+            "structuring_engine": MetadataValue.text(getattr(engine, "name", "?") if engine is not None else "none"),
             "use_cases": MetadataValue.json({u.name: u.version for u in use_cases}),
             "status_counts": MetadataValue.json(status),
             "verdict_counts": MetadataValue.json(verdicts),

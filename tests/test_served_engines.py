@@ -1,0 +1,148 @@
+"""Served engines: on a Ray cluster that outlives the job, the caption model is a Ray Serve application
+that the next batch reuses (no second model load), that a new model or setting does not reuse, that
+Serve brings back when a replica dies, and that scales to zero when idle. Real local Ray and Serve, the
+tiny real model, bundled clips."""
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import ray
+
+from resources.settings import embedded_ray_auth
+from resources.vlm import VlmSettings
+from video_assets.core.captioning.job import caption_rows
+from video_assets.core.inference.model_cache import ModelFiles
+from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.serving.captioner import app_name, app_status, deploy, engine_service, replicas, stats
+from video_assets.defs.engines import job_spec
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+
+
+def _videos(names):
+    return [
+        {"video_id": n, "batch_key": "b", "uri": str(SAMPLES / n), "duration_s": None, "rotation": 0} for n in names
+    ]
+
+
+@pytest.fixture
+def local_ray(dagster_home):
+    from ray import serve
+
+    ray.shutdown()  # an earlier in-process step may have left this process connected to its Ray
+    with embedded_ray_auth():  # the product's embedded Ray: token authentication on
+        ray.init(num_cpus=2, include_dashboard=False)
+        yield
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _spec(tiny_model, idle_s: float, **vlm):
+    settings = VlmSettings(cache_dir="/tmp", engine="transformers", **{"max_new_tokens": 4, "batch_size": 4, **vlm})
+    spec = job_spec(
+        SamplingConfig(min_frames=2, max_frames=3), settings, "transformers", ModelFiles(str(tiny_model)), "Describe."
+    )
+    return replace(spec, warm_idle_s=idle_s)
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    pytest.fail(what)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_next_batch_reuses_the_loaded_replica_which_scales_to_zero_when_idle(local_ray, tiny_model):
+    spec = _spec(tiny_model, idle_s=4.0)
+    name = app_name(spec)
+
+    first = list(caption_rows(_videos(["realshort.mp4", "asl_eat.mkv"]), spec))
+    assert [r["status"] for r in first] == ["ok", "ok"] and all(r["prose"] for r in first)
+    replica = stats(name)
+    assert {r["engine_node"] for r in first} == {replica["node"]}
+    second = list(caption_rows(_videos(["fire2.mp4"]), spec))
+    assert [r["status"] for r in second] == ["ok"]
+    again = stats(name)
+    # The same process, the model loaded once, both jobs' segments captioned by it.
+    assert again["pid"] == replica["pid"] and again["loads"] == 1 and again["captioned"] == 3
+    assert engine_service(spec) == {"mode": "served", "application": name, "deployment": "Captioner", "replicas": 1}
+
+    # Another model (or any setting that changes what an engine computes) gets its own application.
+    assert app_name(replace(spec, engine=replace(spec.engine, max_new_tokens=5))) != name
+
+    # Idle: Serve stops the replica (its memory, and on a GPU its GPU, given back) ...
+    _wait(lambda: replicas(name) == 0, 120, "the idle replica did not scale to zero")
+    # ... and the next batch brings one back.
+    third = list(caption_rows(_videos(["realshort.mp4"]), spec))
+    assert [r["status"] for r in third] == ["ok"]
+    assert replicas(name) == 1 and stats(name)["pid"] != replica["pid"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_new_model_retires_the_idle_application_of_the_old_one(local_ray, tiny_model):
+    """An idle application of another model (or settings, or code) is deleted when a new one is deployed:
+    its replica would otherwise hold its CPU, GPU or pinned resources until it scaled to zero."""
+    old = _spec(tiny_model, idle_s=3600.0)
+    new = replace(old, engine=replace(old.engine, max_new_tokens=5))
+    deploy(old)
+    assert app_status(app_name(old)) == "RUNNING" and replicas(app_name(old)) == 1
+    assert [r["status"] for r in caption_rows(_videos(["realshort.mp4"]), new)] == ["ok"]
+    assert app_status(app_name(old)) is None and replicas(app_name(new)) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_replica_that_dies_under_a_batch_is_replaced_and_nothing_is_lost(local_ray, tiny_model):
+    """Killing the replica mid-job fails the batches it held; Serve starts another, the batches are sent
+    again, and every segment comes back once, ok."""
+    spec = _spec(tiny_model, idle_s=60.0, max_new_tokens=64, batch_size=1)  # long generations: batches queue
+    names = ["realshort.mp4", "asl_eat.mkv", "fire2.mp4", "tree.avi", "carphone_distorted.mp4"]
+    deploy(spec)
+    before = stats(app_name(spec))["pid"]  # asked now: later it would queue behind batches
+    rows = caption_rows(_videos(names), spec)
+    first = next(rows)
+    import psutil
+
+    psutil.Process(before).kill()  # the replica's process, under the next batch
+    got = [first, *rows]
+    assert sorted(r["video_id"] for r in got) == sorted(names)  # each once
+    assert all(r["status"] == "ok" and r["prose"] for r in got), [
+        (r["video_id"], r["status"], r["error"], r["prose"]) for r in got
+    ]
+    assert stats(app_name(spec))["pid"] != before  # served by a new replica
+
+
+class _Encoder:
+    """A model stage of an archive job: one actor, one CPU."""
+
+    def __call__(self, batch):
+        return {"n": [int(x) * 2 for x in batch["n"]]}
+
+
+def _split(row):
+    return [{"n": row["n"]}]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a hang guard: the stage must not wait for the replica's idle delay (an hour here)
+def test_an_idle_caption_replica_does_not_make_the_next_stage_wait(local_ray, tiny_model):
+    """An archive stage after captions on the long-lived Ray, on 2 CPUs: the stage needs an encoder actor
+    and a decode task, and the idle caption replica (loaded, an hour from scaling to zero) reserves no CPU
+    of them, so the stage runs now and the replica stays loaded for the next batch."""
+    from video_assets.core.inference.stages import StageSpec, stream
+
+    spec = _spec(tiny_model, idle_s=3600.0)
+    deploy(spec)
+    before = stats(app_name(spec))
+    assert before["busy"] == 0  # up and idle
+
+    rows = list(stream([{"n": i} for i in range(4)], _split, {}, _Encoder, {}, StageSpec(1, 1, 0.0, 2)))
+    assert sorted(r["n"] for r in rows) == [0, 2, 4, 6]
+    assert stats(app_name(spec))["pid"] == before["pid"]

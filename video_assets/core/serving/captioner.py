@@ -1,0 +1,291 @@
+"""The caption model as a Ray Serve application: one loaded engine that captions and structures for
+every step on a Ray that outlives them (`video-assets ray up`, or RAY_ADDRESS's cluster).
+
+    decode tasks (Ray Data) ─► ServedCaptionStage (0-CPU callers) ─► Serve handle ─► CaptionerReplica
+
+Serve owns the replicas: it starts one on the first request, routes every step's batches to it, starts
+another when requests queue (up to the job's ``vlm_concurrency``), replaces one that dies, and stops the
+last after ``idle_s`` without requests (scale to zero), giving back its memory and GPU. An application is
+named by everything that decides what its engine computes (model files, device, limits, this code's
+version), so a new model version is a new application and the old one scales to zero by itself.
+
+Kept free of Dagster so it can be driven and tested with plain Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+
+from video_assets.core.captioning.batch import EngineSpec, JobSpec, build_engine, caption_batch, node_id
+from video_assets.core.inference.retries import VLM_BATCH_RETRIES
+
+APP_PREFIX = "captioner-"
+DEPLOYMENT = "Captioner"
+# Requests one replica holds at once: the next batch is there when one finishes (Serve queues the rest
+# at the caller and starts another replica when they pile up).
+IN_FLIGHT = 2
+DEPLOY_TIMEOUT_S = 600.0  # a first replica loads the model: minutes for a large one from a remote store
+
+
+def code_version() -> str:
+    """A digest of this package's Dagster-free code (what replicas execute): a change gets a new
+    application, and the old one scales to zero."""
+    h = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]  # video_assets/core
+    for source in sorted(package.rglob("*.py")):
+        h.update(source.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def app_name(spec: JobSpec) -> str:
+    h = hashlib.sha256(repr((spec.engine, spec.vlm_num_gpus, sorted(spec.vlm_resources.items()))).encode())
+    h.update(code_version().encode())
+    return f"{APP_PREFIX}{h.hexdigest()[:12]}"
+
+
+class CaptionerReplica:
+    """One replica: the engine loaded once, then every caption batch and structuring request of every
+    step. One generation at a time (a second would only share the same cores or GPU); ``stats`` answers
+    while one runs."""
+
+    def __init__(self, engine: EngineSpec):
+        started = time.perf_counter()
+        self.engine = build_engine(engine)
+        self.max_new_tokens = engine.max_new_tokens
+        self.node = node_id()
+        self.counts = {"loads": 1, "caption_batches": 0, "captioned": 0, "structure_calls": 0, "structured": 0}
+        self.load_s = time.perf_counter() - started
+        self.busy = 0
+        self._structurer = None  # built on the first structuring request, on the same loaded model
+        self._one = threading.Lock()
+
+    async def _run(self, fn, *args):
+        self.busy += 1
+        try:
+            return await asyncio.to_thread(self._locked, fn, *args)
+        finally:
+            self.busy -= 1
+
+    def _locked(self, fn, *args):
+        with self._one:
+            return fn(*args)
+
+    async def caption(self, batch: dict[str, np.ndarray], prompt: str) -> dict[str, list]:
+        self.counts["caption_batches"] += 1
+        self.counts["captioned"] += len(batch["video_id"])
+        return await self._run(caption_batch, self.engine, self.node, batch, prompt, self.max_new_tokens)
+
+    async def structure(self, requests: list, batch_size: int) -> list:
+        """Structuring requests (``core.structuring.policy``) on this replica's loaded model: the structurer
+        'captioner' shares it instead of loading a second copy."""
+        self.counts["structure_calls"] += 1
+        self.counts["structured"] += len(requests)
+        return await self._run(self._structure, requests, batch_size)
+
+    def _structure(self, requests: list, batch_size: int) -> list:
+        from video_assets.core.structuring.engines import TransformersStructurer
+
+        if self._structurer is None:
+            self._structurer = TransformersStructurer(loaded=self.engine.loaded)
+        self._structurer.batch_size = max(1, int(batch_size))
+        return self._structurer.generate(requests)
+
+    async def stats(self) -> dict:
+        return {"pid": os.getpid(), "node": self.node, "busy": self.busy, "load_s": self.load_s, **self.counts}
+
+
+def _serve_running() -> bool:
+    """Whether Serve's controller runs on the connected Ray (asked without starting one)."""
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        return True
+    except ValueError:
+        return False
+
+
+def start_serve() -> None:
+    """Serve on the connected Ray unless it runs there already (a user's cluster keeps its own proxy
+    settings): handles only, no HTTP proxy, so nothing listens on a port."""
+    from ray import serve
+
+    if not _serve_running():
+        serve.start(proxy_location="Disabled")
+
+
+def app_status(name: str) -> str | None:
+    """The Serve application's status (RUNNING, DEPLOYING, ...), or None when it is not deployed."""
+    from ray import serve
+
+    if not _serve_running():
+        return None
+    app = serve.status().applications.get(name)
+    return None if app is None else str(getattr(app.status, "value", app.status))
+
+
+def deploy(spec: JobSpec) -> str:
+    """The name of ``spec``'s caption application, deployed unless it is (the first replica loads the
+    model before this returns). Replicas: 0 to ``spec.vlm_concurrency``, scaled to zero after
+    ``spec.warm_idle_s`` without requests. No handle here: requests go from Ray workers (``on_worker``,
+    ``ServedCaptionStage``)."""
+    from ray import serve
+
+    name = app_name(spec)
+    if app_status(name) in ("RUNNING", "DEPLOYING", "UPSCALING", "DOWNSCALING"):
+        return name
+    start_serve()
+    retire_idle(keep=name)
+    idle = max(1.0, float(spec.warm_idle_s))
+    gpu = spec.vlm_num_gpus > 0
+    actor = {
+        # A CPU replica reserves no logical CPU: idle, it uses none, and a step after captions (an archive
+        # encoder) must not wait for it to scale to zero (measured before: about 300 s a batch on 2 CPUs).
+        # The captions job leaves one CPU per replica free of decode tasks (``cpu_task_slots``).
+        "num_cpus": 1 if gpu else 0,
+        **({"num_gpus": spec.vlm_num_gpus} if gpu else {}),
+        **({"resources": dict(spec.vlm_resources)} if spec.vlm_resources else {}),
+    }
+    app = (
+        serve.deployment(CaptionerReplica)
+        .options(
+            name=DEPLOYMENT,
+            ray_actor_options=actor,
+            max_ongoing_requests=IN_FLIGHT,
+            autoscaling_config={
+                "min_replicas": 0,
+                "initial_replicas": 1,
+                "max_replicas": max(1, spec.vlm_concurrency),
+                "target_ongoing_requests": IN_FLIGHT,
+                "upscale_delay_s": 0.0,
+                "downscale_delay_s": idle,
+                "downscale_to_zero_delay_s": idle,
+                "look_back_period_s": min(idle, 30.0),
+            },
+            health_check_period_s=10.0,
+            graceful_shutdown_timeout_s=5.0,
+        )
+        .bind(spec.engine)
+    )
+    try:
+        serve.run(app, name=name, route_prefix=None)
+        return name
+    except Exception:
+        if app_status(name) in ("RUNNING", "DEPLOYING"):  # another step deployed it meanwhile
+            return name
+        raise
+
+
+def retire_idle(keep: str) -> list[str]:
+    """Delete the other caption applications that answer no request now (another model version, settings
+    or code: a new application replaces them), so their idle replicas do not hold the CPUs, GPUs or the
+    custom resources a pinned deployment needs until they scale to zero. A busy one is left to scale down
+    by itself. Returns the applications deleted."""
+    from ray import serve
+
+    deleted = []
+    for other in [n for n in serve.status().applications if n.startswith(APP_PREFIX) and n != keep]:
+        try:
+            if replicas(other) and stats(other, timeout_s=10)["busy"]:
+                continue
+            serve.delete(other, _blocking=True)
+            deleted.append(other)
+        except Exception:  # gone meanwhile, or not answering: Serve scales it down after its idle delay
+            continue
+    return deleted
+
+
+def replicas(name: str) -> int:
+    """How many replicas of application ``name`` run now (0 when scaled to zero or not deployed)."""
+    from ray import serve
+
+    if app_status(name) is None:
+        return 0
+    try:
+        return int(serve.status().applications[name].deployments[DEPLOYMENT].replica_states.get("RUNNING", 0))
+    except KeyError:
+        return 0
+
+
+def _request(app: str, method: str, args: tuple, timeout_s: float | None = None):
+    """``method(*args)`` on application ``app``, through a handle (sent again if the replica dies)."""
+    from ray import serve
+
+    handle = serve.get_app_handle(app)
+    return _retried(lambda: getattr(handle, method).remote(*args).result(timeout_s=timeout_s))
+
+
+def on_worker(app: str, method: str, *args, timeout_s: float | None = None):
+    """``_request`` from a Ray task, not from this process: a handle's router (threads that push metrics to
+    Serve's controller) lives in the process that sends, and a step's process leaves its Ray when the
+    step ends, with the router still running (seen: errors after ``ray.shutdown``, a crash at exit)."""
+    task = ray.remote(num_cpus=0, max_retries=0)(_request)
+    return ray.get(task.remote(app, method, args, timeout_s))
+
+
+def stats(name: str, timeout_s: float = 60.0) -> dict:
+    """One replica's ``stats`` (the one Serve routes to: with one replica, the replica)."""
+    return on_worker(name, "stats", timeout_s=timeout_s)
+
+
+def _retried(call):
+    """``call()`` (a request to the application), sent again when the replica died under it (Serve starts
+    another), up to ``VLM_BATCH_RETRIES`` times; then its error."""
+    for attempt in range(VLM_BATCH_RETRIES + 1):
+        try:
+            return call()
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            if attempt == VLM_BATCH_RETRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+class ServedCaptionStage:
+    """The captions job's model stage on a Serve application: a Ray Data actor with no CPU of its own that
+    sends each batch to the application and waits. A replica that dies under a batch is replaced by Serve;
+    the batch is sent again ``VLM_BATCH_RETRIES`` times, then fails and is dropped like any engine stage's
+    (``tolerate_failed_batches``: its segments become error rows)."""
+
+    def __init__(self, app: str, prompt: str):
+        from ray import serve
+
+        self.handle = serve.get_app_handle(app)
+        self.prompt = prompt
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        return _retried(lambda: self.handle.caption.remote(batch, self.prompt).result())
+
+
+class ServedStructurer:
+    """A structuring engine (``generate``) on the caption application of ``spec`` (deployed if it is not):
+    the structurer 'captioner' on a Ray that outlives the steps."""
+
+    name = "transformers (served caption engine)"
+    speculative_retry = False  # a loaded model: a retry costs only its own (short) generation
+
+    def __init__(self, spec: JobSpec, batch_size: int):
+        self.spec, self.batch_size = spec, batch_size
+        self.app = app_name(spec)
+        deploy(spec)
+
+    def generate(self, requests: list) -> list:
+        return on_worker(self.app, "structure", requests, self.batch_size)
+
+
+def engine_service(spec: JobSpec) -> dict:
+    """Where a captions job's engine ran, for its materialisation: an endpoint, the served application and
+    its replicas now, or the job's own engines."""
+    if spec.engine.name == "endpoint":  # the URL and model only: never the key
+        return {"mode": "endpoint", "url": spec.endpoint["url"], "model": spec.endpoint["model"]}
+    if spec.warm_idle_s > 0:
+        name = app_name(spec)
+        return {"mode": "served", "application": name, "deployment": DEPLOYMENT, "replicas": replicas(name)}
+    return {"mode": "in-job", "engine": spec.engine.name, "actors": spec.vlm_concurrency}
