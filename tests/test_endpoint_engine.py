@@ -14,17 +14,12 @@ from dagster import materialize
 from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
+from tests.fixtures.batches import caption_new_batch, structure_batch
 from tests.fixtures.openai_stub import stub_server
-from tests.fixtures.samples import copy_samples
 from video_assets.core.captioning.endpoint_engine import caption_payload
 from video_assets.core.inference.endpoint import Endpoint, check_url
 from video_assets.core.inference.retries import VLM_BATCH_RETRIES
-from video_assets.defs.captioning.assets import captions
-from video_assets.defs.ingest.assets import raw_videos, video_metadata
-from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.models.assets import caption_prompt, vlm_model
-from video_assets.defs.partitions import video_batches
-from video_assets.defs.structuring.assets import structured_events
 
 CLIPS = ["realshort.mp4", "asl_eat.mkv"]
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
@@ -96,19 +91,7 @@ def _resources(resources, session_ray, tmp_path, stub, secret: str, **vlm) -> di
 
 def _caption_batch(instance, res, volume_dir):
     assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
-    copy_samples(volume_dir, CLIPS)
-    [key] = register_new_files(res["volume"], res["tables"]).batches
-    instance.add_dynamic_partitions(video_batches.name, [key])
-    result = materialize(
-        [raw_videos, video_metadata, captions, vlm_model, caption_prompt],
-        selection=[raw_videos, video_metadata, captions],
-        partition_key=key,
-        instance=instance,
-        resources=res,
-        run_config=RUN_CONFIG,
-        raise_on_error=False,
-    )
-    return key, result
+    return caption_new_batch(instance, res, volume_dir, CLIPS, RUN_CONFIG)
 
 
 def _logs(instance, run_id: str) -> str:
@@ -149,13 +132,7 @@ def test_captions_and_structuring_through_an_openai_compatible_endpoint(
         images = sorted(sum(p["type"] == "image_url" for p in r["messages"][0]["content"]) for r in sent)
         assert images == sorted(len(t) for t in caps["frame_timestamps"])  # every sampled frame, as an image
 
-        result = materialize(
-            [structured_events, captions, vlm_model, caption_prompt],
-            selection=[structured_events],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-        )
+        result = structure_batch(instance, res, key)
         assert result.success
         meta = result.asset_materializations_for_node("structured_events")[0].metadata
         assert meta["structuring_engine"].value == f"endpoint {stub.base_url} (stub-vlm)"

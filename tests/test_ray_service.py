@@ -20,16 +20,11 @@ from resources.ray_service import local_ray_address, ray_init_options, ray_outli
 from resources.settings import embedded_ray_auth
 from resources.structurer import StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
-from tests.fixtures.samples import copy_samples
+from tests.fixtures.batches import caption_new_batch, structure_batch
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.engines import TransformersStructurer
-from video_assets.defs.captioning.assets import captions
 from video_assets.defs.engines import structure_rows
-from video_assets.defs.ingest.assets import raw_videos, video_metadata
-from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.models.assets import caption_prompt, vlm_model
-from video_assets.defs.partitions import video_batches
-from video_assets.defs.structuring.assets import structured_events
 
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
 
@@ -81,17 +76,7 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
         assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
         pids = []
         for clips in (["realshort.mp4"], ["asl_eat.mkv", "fire2.mp4"]):
-            copy_samples(volume_dir, clips)
-            [key] = register_new_files(res["volume"], res["tables"]).batches
-            instance.add_dynamic_partitions(video_batches.name, [key])
-            result = materialize(
-                [raw_videos, video_metadata, captions, vlm_model, caption_prompt],
-                selection=[raw_videos, video_metadata, captions],
-                partition_key=key,
-                instance=instance,
-                resources=res,
-                run_config=RUN_CONFIG,
-            )
+            key, result = caption_new_batch(instance, res, volume_dir, clips, RUN_CONFIG)
             assert result.success
             assert ray_service.service_address() == address  # the service outlived the step
             service = result.asset_materializations_for_node("captions")[0].metadata["engine_service"].value
@@ -109,13 +94,7 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
         res["ray_on_demand"] = EmbeddedRay(
             ray_init_options=ray_init_options(), address=local_ray_address(), lifecycle=Lifecycle(connect=False)
         )
-        result = materialize(
-            [structured_events, captions, vlm_model, caption_prompt],
-            selection=[structured_events],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-        )
+        result = structure_batch(instance, res, key)
         assert result.success
         meta = result.asset_materializations_for_node("structured_events")[0].metadata
         assert meta["structuring_engine"].value == "transformers (served caption engine)"
