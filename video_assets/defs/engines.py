@@ -162,7 +162,7 @@ def run_captioning(
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     n_rows = 0
     # Requests that overlap (vLLM's engine, a server): busy while any is in flight, not their summed latencies.
-    vllm = spec.engine.name in ("vllm", "endpoint")
+    overlapping = spec.engine.name in ("vllm", "endpoint")
     in_flight: list[tuple[float, float]] = []  # vLLM: (sent, answered) of each request, as this process saw it
     # The step drives the job; through Ray Client, a task on the cluster does (on_cluster).
     jobs = on_cluster(caption_rows, videos, spec)
@@ -179,7 +179,7 @@ def run_captioning(
         else:
             log.warning(f"[{n_rows}] {name}: {printable(row['error'])}")
         cpu_s += row.get("decode_s") or 0.0
-        if vllm:  # a request's latency, overlapping others: the engine is busy while any is in flight
+        if overlapping:  # a request's latency, overlapping others: the engine is busy while any is in flight
             done = time.perf_counter()
             in_flight.append((done - float(row.get("engine_s") or 0.0), done))
         else:  # the transformers stage's share of its batch: shares sum to the engines' busy time
@@ -200,7 +200,7 @@ def run_captioning(
                 delta_s += time.perf_counter() - t0
                 ready = []
     ready.extend(missing_rows(videos, arrived, whole, log))
-    if vllm:
+    if overlapping:
         engine_s = covered_seconds(in_flight)
     t0 = time.perf_counter()
     written += _write(tables, ready, stamp, split, table)

@@ -17,14 +17,14 @@ from __future__ import annotations
 import functools
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from video_assets.core.inference.retries import VLM_BATCH_RETRIES
+from video_assets.core.inference.vllm import ERROR_KEY, bounded_engine_retries  # Ray Data LLM's, not vLLM's
 
 SETTING = "VLM_ENDPOINT_URL"
-ERROR_KEY = "__inference_error__"  # Ray Data LLM's error column: rows carrying it skip the HTTP stage
 PAYLOAD = "payload_json"
 
 
@@ -138,13 +138,9 @@ def build_processor(endpoint: Endpoint, preprocess, postprocess):
         session_factory=functools.partial(_session, endpoint.timeout_s),
     )
     processor = build(config, preprocess=preprocess, postprocess=postprocess)
-    stage = processor.get_stage_by_name("HttpRequestStage")
-    stage.fn = _request_udf()
+    processor.get_stage_by_name("HttpRequestStage").fn = _request_udf()
     # A request that never succeeds raises in the stage: the batch is tried as every engine stage's is, then dropped.
-    from video_assets.core.inference.retries import engine_stage_options
-
-    stage.map_batches_kwargs.update(engine_stage_options())
-    return processor
+    return bounded_engine_retries(processor, "HttpRequestStage")
 
 
 @dataclass
@@ -177,7 +173,3 @@ def read_answer(row: dict[str, Any]) -> Answer:
         output_tokens=int(usage.get("completion_tokens") or 0),
         latency_s=latency,
     )
-
-
-def answer_dict(answer: Answer) -> dict[str, Any]:
-    return asdict(answer)

@@ -137,14 +137,14 @@ def processor_config(settings: VllmSettings, multimodal: bool = True):
     )
 
 
-def bounded_engine_retries(processor):
+def bounded_engine_retries(processor, stage: str = "vLLMEngineStage"):
     """The processor with its engine stage retrying a batch a bounded number of times. Ray's vLLM stage
     ``os._exit``s its actor on a fatal engine error (e.g. CUDA out of memory on one oversized prompt) and
     keeps Ray Data's unbounded retries, so a poison batch would be retried forever; ``vLLMEngineProcessorConfig``
     has no setting for it, hence the stage's own map_batches options."""
     from video_assets.core.inference.retries import engine_stage_options
 
-    processor.get_stage_by_name("vLLMEngineStage").map_batches_kwargs.update(engine_stage_options())
+    processor.get_stage_by_name(stage).map_batches_kwargs.update(engine_stage_options())
     return processor
 
 

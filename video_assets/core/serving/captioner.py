@@ -15,6 +15,7 @@ Kept free of Dagster so it can be driven and tested with plain Ray.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import threading
@@ -32,9 +33,10 @@ DEPLOYMENT = "Captioner"
 # Requests one replica holds at once: the next batch is there when one finishes (Serve queues the rest
 # at the caller and starts another replica when they pile up).
 IN_FLIGHT = 2
-DEPLOY_TIMEOUT_S = 600.0  # a first replica loads the model: minutes for a large one from a remote store
+LIVE = ("RUNNING", "DEPLOYING", "UPSCALING", "DOWNSCALING")  # an application's states while it serves
 
 
+@functools.cache  # the code a process runs does not change under it
 def code_version() -> str:
     """A digest of this package's Dagster-free code (what replicas execute): a change gets a new
     application, and the old one scales to zero."""
@@ -140,7 +142,7 @@ def deploy(spec: JobSpec) -> str:
     from ray import serve
 
     name = app_name(spec)
-    if app_status(name) in ("RUNNING", "DEPLOYING", "UPSCALING", "DOWNSCALING"):
+    if app_status(name) in LIVE:
         return name
     start_serve()
     retire_idle(keep=name)
@@ -179,7 +181,7 @@ def deploy(spec: JobSpec) -> str:
         serve.run(app, name=name, route_prefix=None)
         return name
     except Exception:
-        if app_status(name) in ("RUNNING", "DEPLOYING"):  # another step deployed it meanwhile
+        if app_status(name) in LIVE:  # another step deployed it meanwhile
             return name
         raise
 
@@ -207,12 +209,11 @@ def replicas(name: str) -> int:
     """How many replicas of application ``name`` run now (0 when scaled to zero or not deployed)."""
     from ray import serve
 
-    if app_status(name) is None:
+    if not _serve_running():
         return 0
-    try:
-        return int(serve.status().applications[name].deployments[DEPLOYMENT].replica_states.get("RUNNING", 0))
-    except KeyError:
-        return 0
+    app = serve.status().applications.get(name)
+    deployment = app.deployments.get(DEPLOYMENT) if app is not None else None
+    return int(deployment.replica_states.get("RUNNING", 0)) if deployment is not None else 0
 
 
 def _request(app: str, method: str, args: tuple, timeout_s: float | None = None):
@@ -272,9 +273,8 @@ class ServedStructurer:
     speculative_retry = False  # a loaded model: a retry costs only its own (short) generation
 
     def __init__(self, spec: JobSpec, batch_size: int):
-        self.spec, self.batch_size = spec, batch_size
-        self.app = app_name(spec)
-        deploy(spec)
+        self.batch_size = batch_size
+        self.app = deploy(spec)
 
     def generate(self, requests: list) -> list:
         return on_worker(self.app, "structure", requests, self.batch_size)
