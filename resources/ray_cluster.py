@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 
 import dagster as dg
@@ -74,7 +75,7 @@ class EmbeddedRay(LocalRay):
             runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **inject}
             options["runtime_env"] = runtime_env
         self.data_execution_options.apply()
-        self._context = ray.init(address=self.ray_address, **options)
+        self._context = init_ray(self.ray_address, options)
         self.data_execution_options.apply()
         return self._context
 
@@ -83,6 +84,34 @@ class EmbeddedRay(LocalRay):
         exit_with_run_process()
         with embedded_ray_auth(), super().yield_for_execution(context) as resource:
             yield resource
+
+
+# Ray Client's server starts one "specific server" process per client; it dies at start now and then (a
+# gRPC/fork race: ray-project/ray#63202, open), and the connection fails with this message. A new try gets a
+# new process.
+CLIENT_START_FAILURE = "Initialization failure from server"
+CLIENT_TRIES = 3
+
+
+def init_ray(address: str | None, options: dict):
+    """``ray.init``, with a Ray Client (``ray://``) connection tried again when Ray's server-side process for
+    it died at start; a failed Ray Client connection also leaves this process out of client mode (Ray
+    leaves it on, and every later ``ray.init`` in the process would go through the dead client)."""
+    import ray
+    from ray._private.client_mode_hook import _explicitly_disable_client_mode
+
+    client = (address or os.environ.get("RAY_ADDRESS") or "").startswith("ray://")
+    for attempt in range(1, CLIENT_TRIES + 1):
+        try:
+            return ray.init(address=address, **options)
+        except Exception as exc:
+            if not client:
+                raise
+            _explicitly_disable_client_mode()
+            if CLIENT_START_FAILURE not in str(exc) or attempt == CLIENT_TRIES:
+                raise
+            time.sleep(attempt)
+    raise AssertionError("unreachable")
 
 
 def forwarded_env(names: list[str]) -> dict[str, str]:

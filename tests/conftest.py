@@ -37,6 +37,25 @@ def pytest_runtest_setup(item):
             pytest.skip(reason)
 
 
+@pytest.fixture(autouse=True)
+def _ray_data_logs_follow_the_session():
+    """Ray Data's file log handler opens ``<session>/logs/ray-data/ray-data.log`` of the first Ray session of
+    the process and keeps that path; this process starts many sessions and deletes their folders, so a later
+    session's first Ray Data log line would fail its step. After each test the handler is emptied: it opens
+    the file of whatever session comes next (what a step process, one session each, does anyway)."""
+    yield
+    ray_data_logging = sys.modules.get("ray.data._internal.logging")
+    if ray_data_logging is None:
+        return
+    import logging
+
+    for name in ray_data_logging._get_logger_names():
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, ray_data_logging.SessionFileHandler) and handler._handler is not None:
+                handler._handler.close()
+                handler._handler = None
+
+
 @pytest.fixture
 def dagster_home(tmp_path, monkeypatch) -> Path:
     """A fresh DAGSTER_HOME holding the checked-in dagster.yaml, so the real instance config is used."""

@@ -360,6 +360,7 @@ def pools_command(args) -> int:
     if args.from_cluster:
         import ray
 
+        from resources.ray_cluster import init_ray
         from resources.ray_service import cluster_address, ray_init_options
 
         if not cluster_address():
@@ -367,7 +368,7 @@ def pools_command(args) -> int:
             return 2
 
         vlm = _resources()["vlm"]
-        ray.init(**ray_init_options())
+        init_ray(None, ray_init_options())
         try:
             gpus = float(ray.cluster_resources().get("GPU", 0))
         finally:

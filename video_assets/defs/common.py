@@ -65,11 +65,25 @@ def _module_file(module: str, root: Path) -> Path | None:
     return None
 
 
+def _parse(path: Path, tries: int = 5) -> ast.Module:
+    """``ast.parse``, tried again on CPython 3.11's SystemError "AST constructor recursion depth mismatch":
+    its AST module keeps one recursion counter for all threads, so a parse on another thread at the same
+    moment (Ray's, Dagster's) breaks this one (python/cpython#106905)."""
+    text = path.read_text()
+    for attempt in range(tries):
+        try:
+            return ast.parse(text, filename=str(path))
+        except SystemError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def imported_names(path: Path) -> set[str]:
     """Every absolute name ``path`` imports, at module level or inside functions; ``from x import y``
     gives both ``x`` and ``x.y`` (y may be a module of package x)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
