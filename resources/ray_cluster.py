@@ -66,7 +66,6 @@ class EmbeddedRay(LocalRay):
         process) only to set Ray Data options there, about 1.5 s of every step here, and Ray Data ships
         the driver's options with each task anyway. An empty ``runtime_env`` is not sent either. The
         ``forward_env`` variables set here go to every worker of the job (``runtime_env.env_vars``)."""
-        import ray
         from dagster_ray.utils import _process_dagster_env_vars
 
         options = _process_dagster_env_vars(dict(self.ray_init_options))
