@@ -116,8 +116,9 @@ def _ones(found: dict) -> dict:
 
 @pytest.mark.slow
 def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, tmp_path, dagster_home):
-    """Fault injection: the first decode task kills its Ray worker (as an OOM kill would). Ray runs the
-    task again; the written table has exactly one row per (video, segment), every video whole. The
+    """Fault injection: the first decode task kills its Ray worker (as an OOM kill would) after handing on
+    its video's first segment. Ray runs the task again; the written table has exactly one row per (video,
+    segment), every video whole. The
     fault is put into each Ray worker by a setup hook (the product has no hook of its own)."""
     import ray
 
@@ -128,17 +129,17 @@ def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, 
 
         from video_assets.core.captioning import job
 
-        real = job.sample_video
+        class DiesAfterTheFirstSegmentOnce(job.SegmentStream):
+            def __iter__(self):
+                for segment in super().__iter__():
+                    yield segment  # handed on: the task dies with part of its video out
+                    try:
+                        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                    except FileExistsError:
+                        continue  # Ray's retry (and every later task) goes on
+                    os._exit(1)
 
-        def sample_then_die_once(*args, **kwargs):
-            sampled = real(*args, **kwargs)
-            try:
-                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                return sampled  # Ray's retry (and every later task) goes on
-            os._exit(1)
-
-        job.sample_video = sample_then_die_once
+        job.SegmentStream = DiesAfterTheFirstSegmentOnce
 
     tables = DeltaTables(root_uri=str(tmp_path / "tables"))
     vlm = VlmSettings(cache_dir=str(tmp_path), engine="transformers", max_new_tokens=4, batch_size=4)

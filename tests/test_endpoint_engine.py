@@ -19,6 +19,7 @@ from tests.fixtures.openai_stub import stub_server
 from video_assets.core.captioning.endpoint_engine import caption_payload
 from video_assets.core.inference.endpoint import Endpoint, check_url
 from video_assets.core.inference.retries import VLM_BATCH_RETRIES
+from video_assets.core.media.frames import encode
 from video_assets.defs.models.assets import caption_prompt, vlm_model
 
 CLIPS = ["realshort.mp4", "asl_eat.mkv"]
@@ -47,8 +48,12 @@ def test_a_segment_is_one_chat_request_with_each_frame_after_its_time():
     url = message["content"][1]["image_url"]["url"]
     assert url.startswith("data:image/jpeg;base64,")
     assert Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).size == (48, 32)
-    with pytest.raises(ValueError, match="one timestamp each"):
+    with pytest.raises(ValueError, match="one timestamp per frame"):
         caption_payload("m", frames, [0.0, 1.0], "Describe.", 16)
+    # The CPU stage's JPEGs go into the request as they are: not decoded and encoded again.
+    jpegs = encode(frames)
+    sent = caption_payload("m", jpegs, [0.0, 1.5, 3.0], "Describe.", 16)["messages"][0]["content"][1::2][:3]
+    assert [base64.b64decode(p["image_url"]["url"].split(",", 1)[1]) for p in sent] == jpegs
 
 
 def test_endpoint_settings_are_checked_and_the_key_is_never_shown():
@@ -147,6 +152,23 @@ def test_captions_and_structuring_through_an_openai_compatible_endpoint(
         assert "verdict" in schema_requests[0]["response_format"]["json_schema"]["schema"]["properties"]
     for run in instance.get_runs():  # the key reached the server, and nothing else
         assert secret not in _logs(instance, run.run_id) and secret not in repr(run.run_config)
+
+
+@pytest.mark.slow
+def test_an_endpoint_that_does_not_answer_fails_the_step_at_once_naming_the_setting(
+    instance, resources, session_ray, volume_dir, tmp_path
+):
+    """The registered endpoint is down when a batch comes: the captions step fails before its Ray job,
+    with a message naming VLM_ENDPOINT_URL, and writes nothing (the batch is captioned when it is back)."""
+    with stub_server({"model": "stub-vlm"}, tmp_path) as stub:
+        res = _resources(resources, session_ray, tmp_path, stub, "sk-x")
+        assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+    started = time.monotonic()
+    _, result = caption_new_batch(instance, res, volume_dir, CLIPS, RUN_CONFIG)  # the server is gone now
+    assert not result.success and time.monotonic() - started < 60
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_key == "captions" and "VLM_ENDPOINT_URL" in str(failure.event_specific_data.error)
+    assert not res["tables"].exists("captions")
 
 
 @pytest.mark.slow

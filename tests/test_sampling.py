@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.fixtures.generated_clips import write_gop_clip
 from tests.fixtures.samples import MANIFEST, clip, corpus, corpus_params
+from video_assets.core.media import sampling
 from video_assets.core.media.sampling import (
     SamplingConfig,
     SamplingError,
@@ -433,24 +435,6 @@ def test_scene_split_on_real_cuts(name, cuts):
 # ---------------------------------------------------------------- skipping and keyframe snapping
 
 
-def write_gop_clip(path, codec: str, frames: int, gop: int, rate=25, size=(160, 96), bframes=2) -> str:
-    """A textured, panning clip with a keyframe every `gop` frames and B-frames (non-reference frames)."""
-    rng = np.random.default_rng(7)
-    texture = rng.integers(0, 255, (size[1] + 8, size[0] * 3, 3), dtype=np.uint8)
-    with av.open(str(path), "w") as out:
-        s = out.add_stream(codec, rate=rate, options={"sc_threshold": "1000000000" if codec == "mpeg4" else "0"})
-        s.width, s.height, s.pix_fmt = size[0], size[1], "yuv420p"
-        s.codec_context.gop_size, s.codec_context.max_b_frames = gop, bframes
-        for i in range(frames):
-            x = (2 * i) % (2 * size[0])
-            img = np.ascontiguousarray(texture[4 : 4 + size[1], x : x + size[0]])
-            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                out.mux(p)
-        for p in s.encode():
-            out.mux(p)
-    return str(path)
-
-
 def generated_times(path: str, keyframes: bool = False) -> list[float]:
     with av.open(path) as c:
         s = c.streams.video[0]
@@ -492,14 +476,23 @@ def test_exact_frames_on_a_long_gop_clip_with_skipping_equal_a_full_decode(tmp_p
     assert stats["regated"] is False
 
 
-def test_a_short_clip_whose_fill_in_needs_skipped_frames_is_decoded_again_without_skipping(tmp_path):
+def test_a_clip_shorter_than_the_frame_floor_is_decoded_once(tmp_path, monkeypatch):
     path = write_gop_clip(tmp_path / "short.mp4", "mpeg4", frames=10, gop=250, rate=10)  # 1 s, B-frames
     result = sample_video(path, CFG)
     # Targets every 0.125 s from 0.0625: the first 7 take 0.1 ... 0.9; the last (0.9375) is past the end,
-    # so the latest unused frame fills in: 0.8, a B-frame the skipping pass had dropped before its target.
-    assert result.segments[0].timestamps == pytest.approx([0.1, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], abs=1e-9)
-    assert result.decode_stats["regated"] is True
+    # so the latest unused frame fills in: 0.8, a B-frame a skipping pass would have dropped.
+    want = pytest.approx([0.1, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], abs=1e-9)
+    assert result.segments[0].timestamps == want
+    # Ten frames for eight targets: nothing is skipped, so the fill-in is there and no frame decodes twice.
+    assert result.decode_stats["regated"] is False and result.decode_stats["frames_decoded"] <= 10
     assert_frames_match_full_decode(path, result.segments[0])
+    # Where skipping went ahead and the fill-in needed a skipped frame, the collection is redone without
+    # skipping: the same frames, at twice the decoding.
+    monkeypatch.setattr(sampling, "worth_skipping", lambda *a: True)
+    again = sample_video(path, CFG)
+    assert again.decode_stats["regated"] is True and again.segments[0].timestamps == want
+    assert again.decode_stats["frames_decoded"] > 10
+    assert_frames_match_full_decode(path, again.segments[0])
 
 
 def test_snap_to_keyframes_moves_within_tolerance_keeps_order_and_uses_each_keyframe_once():

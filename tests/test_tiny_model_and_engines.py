@@ -287,6 +287,15 @@ def test_to_vllm_row_shapes_openai_messages_with_one_video():
     assert [(im.format, im.size) for im in decoded] == [("JPEG", (84, 56))] * 4
     json.dumps(row)  # plain data: travels through Ray Data / Arrow
     assert to_vllm_row(req)["sampling_params"]["max_tokens"] == 300
+    # The CPU stage's JPEGs go into the URL as they are: not decoded and encoded again.
+    from dataclasses import replace
+
+    from video_assets.core.media.frames import encode
+
+    jpegs = encode(frames(4, 56, 84))
+    url = to_vllm_row(replace(req, frames=jpegs))["messages"][1]["content"][0]["video_url"]["url"]
+    assert [base64.b64decode(b) for b in url[len(prefix) :].split(",")] == jpegs
+    assert "timestamps" in to_vllm_row(replace(req, frames=jpegs[:3]))[ERROR_KEY]  # 3 frames, 4 times
 
 
 def test_vllm_rows_round_trip_to_responses():

@@ -3,6 +3,8 @@ the target (issue "Performance"). Sections (scripts/bench/<name>.py, each ``rows
 
 - probe: the probe vs one ffprobe per file and vs a bare header open;
 - sampling: frame sampling vs the ffmpeg CLI at 1 fps and vs a keyframe-only decode, total CPU time;
+- frames: bytes per segment through the object store (JPEG vs raw), and the caption frames the later
+  stages need read from sampled_frames vs decoded again (frames decoded per frame used);
 - delta: a new batch's Delta work with 1,000 batches in the table vs 1;
 - pipeline: a 2-clip vs a 20-clip batch through the real captions asset, and batch wall time vs its
   decode + generation time;
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("probe", "sampling", "delta", "pipeline", "throughput", "archive")
+SECTIONS = ("probe", "sampling", "frames", "delta", "pipeline", "throughput", "archive")
 SUFFIXES = (".mp4", ".mkv", ".webm", ".avi", ".mpg", ".mov")
 
 
@@ -49,8 +51,8 @@ def table(results: list[tuple[str, dict]]) -> str:
     for section, r in results:
         note = str(r.get("note", "")).replace("|", "/")
         lines.append(
-            f"| {section} | {r['measurement']} | {_fmt_s(r['ours_s'])} | {r['baseline']} | "
-            f"{_fmt_s(r['baseline_s'])} | {r['ratio']:.2f} | {r['target']} | {note} |"
+            f"| {section} | {r['measurement']} | {r.get('ours_text') or _fmt_s(r['ours_s'])} | {r['baseline']} | "
+            f"{r.get('baseline_text') or _fmt_s(r['baseline_s'])} | {r['ratio']:.2f} | {r['target']} | {note} |"
         )
     return "\n".join(lines)
 

@@ -32,6 +32,7 @@ FRAME_EMBEDDINGS = "frame_embeddings"
 TEXT_EMBEDDINGS = "text_embeddings"
 VIDEO_SUMMARIES = "video_summaries"
 CURATED_FRAMES = "frames"
+SAMPLED_FRAMES = "sampled_frames"
 # What the promotion job makes to judge a challenger against production on a golden set: tables of their
 # own (the captions, structured_events and eval_scores schemas), so the pipeline's tables hold only what
 # their own assets wrote.
@@ -382,6 +383,20 @@ SCHEMAS[VIDEO_SUMMARIES] = pa.schema(
     ]
 )
 
+# The frames each caption was made from, as the captions step's decode stage encoded them (JPEG,
+# ``core.media.frames``): frame embeddings and curation read these instead of decoding the video again.
+SCHEMAS[SAMPLED_FRAMES] = pa.schema(
+    _VIDEO
+    + [
+        pa.field("segment", pa.int32(), nullable=False, metadata={"doc": "caption segment the frame belongs to"}),
+        pa.field("frame", pa.int32(), nullable=False, metadata={"doc": "frame index within the segment"}),
+        pa.field("timestamp_s", pa.float64(), nullable=False, metadata={"doc": "frame time in the video"}),
+        pa.field("model_version", pa.string(), nullable=False, metadata={"doc": "caption model version"}),
+        pa.field("prompt_version", pa.int32(), nullable=False, metadata={"doc": "caption prompt version"}),
+        pa.field("image", pa.binary(), nullable=False, metadata={"doc": "the frame the model saw, JPEG"}),
+        pa.field("sampled_at", _TS, nullable=False, metadata={"doc": "when written"}),
+    ]
+)
 SCHEMAS[CURATED_FRAMES] = pa.schema(
     _VIDEO
     + [
@@ -435,6 +450,7 @@ BATCH_SCOPED = frozenset(
         TEXT_EMBEDDINGS,
         VIDEO_SUMMARIES,
         CURATED_FRAMES,
+        SAMPLED_FRAMES,
     }
 )
 
@@ -457,6 +473,7 @@ KEYS: dict[str, list[str]] = {
     TEXT_EMBEDDINGS: ["video_id", "source", "segment", "source_version", "encoder_version"],
     VIDEO_SUMMARIES: ["video_id", "summarizer"],
     CURATED_FRAMES: ["video_id", "segment", "frame", "curation_version"],
+    SAMPLED_FRAMES: ["video_id", "segment", "frame", "model_version", "prompt_version"],
 }
 
 

@@ -27,7 +27,7 @@ from video_assets.core.serving.captioner import engine_service
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
 from video_assets.core.structuring.versions import StructuringPlan
-from video_assets.core.tables import CAPTIONS, KEYS, SCHEMAS, to_arrow
+from video_assets.core.tables import CAPTIONS, KEYS, SAMPLED_FRAMES, SCHEMAS, to_arrow
 from video_assets.core.throughput import covered_seconds
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
@@ -261,8 +261,27 @@ def _write(tables: DeltaTables, rows: list[dict], stamp: dict, split: str, table
         "model_version": [str(stamp["model_version"])],
         "prompt_version": [int(stamp["prompt_version"])],
     }
+    if table == CAPTIONS:  # first: a crash between the two commits leaves frames without captions, not the reverse
+        tables.replace_where(SAMPLED_FRAMES, to_arrow(SAMPLED_FRAMES, sampled_frame_rows(rows, stamp, now)), selection)
     tables.replace_where(table, to_arrow(table, full), selection)
     return len(full)
+
+
+def sampled_frame_rows(rows: list[dict], stamp: dict, now: datetime) -> list[dict]:
+    """The JPEGs each ok caption row was made from (the decode stage's, ``core.media.frames``), a row each."""
+    out = []
+    for r in rows:
+        images = r.get("frames")
+        if r.get("status") != CAPTION_OK or images is None or len(images) != len(r.get("frame_timestamps") or []):
+            continue
+        for j, (t, image) in enumerate(zip(r["frame_timestamps"], images)):
+            out.append(
+                {k: r[k] for k in ("video_id", "batch_key", "uri")}
+                | {"segment": int(r["segment"]), "frame": j, "timestamp_s": float(t), "image": bytes(image)}
+                | {"model_version": str(stamp["model_version"]), "prompt_version": int(stamp["prompt_version"])}
+                | {"sampled_at": now}
+            )
+    return out
 
 
 def structurer_id(settings: StructurerSettings, model_name: str, model_version: str) -> str:

@@ -14,7 +14,7 @@ from dagster import AssetKey, AssetRecordsFilter, DataVersion, Failure, Metadata
 from resources.delta import DeltaTables
 from video_assets.core.captioning.versions import caption_versions
 from video_assets.core.structuring import usecase as uc_mod
-from video_assets.core.tables import CAPTIONS, GOLDEN_SET, SCHEMAS, STRUCTURED_EVENTS
+from video_assets.core.tables import CAPTIONS, GOLDEN_SET, SAMPLED_FRAMES, SCHEMAS, STRUCTURED_EVENTS
 from video_assets.core.vocabulary import ANSWERED
 
 
@@ -78,6 +78,25 @@ def lineage_captions(context, tables: DeltaTables, batch: str) -> tuple[pl.DataF
     if caps.is_empty():
         raise Failure(f"captions has no rows for batch {batch!r} ({pair}): materialise it first")
     return caps, pair
+
+
+def with_sampled_frames(tables: DeltaTables, batch: str, pair: CaptionPair, videos: list[dict]) -> dict:
+    """Adds to each of ``videos`` (a later stage's input rows: one per video) the JPEGs its captions of
+    ``pair`` were made from (``stored_times``, ``stored_images``: the captions step's sampled_frames), so its
+    CPU stage takes those instead of decoding the video again (``frames.caption_frames_at``). Returns how
+    many videos got them and how many will be decoded again (captions older than the table)."""
+    wanted = {v["video_id"] for v in videos}
+    rows = tables.batch(SAMPLED_FRAMES, batch, SCHEMAS[SAMPLED_FRAMES]).filter(
+        caption_versions(pair.model_version, pair.prompt_version) & pl.col("video_id").is_in(list(wanted))
+    )
+    stored = {
+        vid: (df.get_column("timestamp_s").to_list(), df.get_column("image").to_list())
+        for (vid,), df in rows.sort("video_id", "segment", "frame").group_by(["video_id"], maintain_order=True)
+    }
+    for video in videos:
+        times, images = stored.get(video["video_id"], ([], []))
+        video |= {"stored_times": times, "stored_images": images}
+    return {"sampled_frames": sum(v["video_id"] in stored for v in videos), "decoded_again": len(wanted - set(stored))}
 
 
 def answered_events(tables: DeltaTables, batch: str, pair: CaptionPair) -> pl.DataFrame:

@@ -13,6 +13,7 @@ import ray
 
 from video_assets.core.captioning.rows import CARRIED_COLUMNS, decode_error
 from video_assets.core.inference.model_cache import ModelFiles
+from video_assets.core.media import frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
@@ -50,7 +51,7 @@ class JobSpec:
 
 
 # decode_node and engine_node (the Ray nodes of the two stages) and preview (a JPEG strip of segment
-# 0's frames, b"" on the others) go to the metadata, not the table.
+# 0's frames, b"" on the others) go to the metadata, not the table; frames (JPEGs) to sampled_frames.
 RESULT_COLUMNS = [
     *CARRIED_COLUMNS,
     "frame_timestamps",
@@ -86,17 +87,23 @@ def caption_batch(engine, node: str, batch: dict[str, np.ndarray], prompt: str, 
     from video_assets.core.captioning.requests import CaptionRequest
 
     n = len(batch["video_id"])
-    decoded = [i for i in range(n) if not decode_error(batch["decode_error"][i])]  # the rest: error rows
-    requests = {
-        i: CaptionRequest(
+    errors = {i: e for i in range(n) if (e := decode_error(batch["decode_error"][i]))}  # error rows: no engine
+    requests = {}
+    for i in range(n):
+        if i in errors:
+            continue
+        try:
+            pixels = frames.decode(batch["frames"][i])  # JPEG from the CPU stage (core.media.frames)
+        except ValueError as exc:
+            errors[i] = f"frames: {exc}"
+            continue
+        requests[i] = CaptionRequest(
             request_id=f"{batch['video_id'][i]}:{batch['segment'][i]}",
-            frames=np.asarray(batch["frames"][i], dtype=np.uint8),
+            frames=pixels,
             timestamps=list(batch["frame_timestamps"][i]),
             prompt=prompt,
             max_new_tokens=max_new_tokens,
         )
-        for i in decoded
-    }
     started = time.perf_counter()
     responses = {r.request_id: r for r in engine.generate(list(requests.values()))} if requests else {}
     engine_share = (time.perf_counter() - started) / max(1, len(requests))  # sums to the engine's busy time
@@ -113,7 +120,7 @@ def caption_batch(engine, node: str, batch: dict[str, np.ndarray], prompt: str, 
         out["output_tokens"].append(resp.output_tokens if resp else 0)
         out["latency_s"].append(resp.latency_s if resp else 0.0)
         if req is None:
-            error = decode_error(batch["decode_error"][i])
+            error = errors[i]
         else:
             error = "engine returned no response" if resp is None else resp.error
         out["engine_s"].append(engine_share if req else 0.0)

@@ -5,13 +5,12 @@ with its time in the source video, then the same timing line and instruction bot
 Image parts, not a video part: every OpenAI-compatible VLM server takes them (a hosted API has no
 ``video_url``), and the times stated in the text carry what a video part's timing would.
 
-    decode tasks ─► preprocess (JPEG, payload) ─► HTTP stage (Ray Data LLM) ─► postprocess (RESULT_COLUMNS)
+    decode tasks (JPEG) ─► preprocess (payload) ─► HTTP stage (Ray Data LLM) ─► postprocess (RESULT_COLUMNS)
 """
 
 from __future__ import annotations
 
 import base64
-import io
 from typing import Any
 
 import numpy as np
@@ -25,28 +24,28 @@ from video_assets.core.inference.endpoint import (
     payload_row,
     read_answer,
 )
+from video_assets.core.media import frames
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
-JPEG_QUALITY = 90
+
+def jpeg_data_url(jpeg: bytes) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(bytes(jpeg)).decode("ascii")
 
 
-def jpeg_data_url(frame: np.ndarray, quality: int = JPEG_QUALITY) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(frame, dtype=np.uint8)).save(buf, format="JPEG", quality=quality)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def caption_payload(model: str, frames: np.ndarray, timestamps: list[float], prompt: str, max_tokens: int) -> dict:
-    """The chat completion request for one segment (greedy, like the in-job engines)."""
-    frames = np.asarray(frames)
-    if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0 or len(frames) != len(timestamps):
-        raise ValueError(f"frames must be (N, H, W, 3) with one timestamp each, got {frames.shape}, {len(timestamps)}")
+def caption_payload(model: str, images, timestamps: list[float], prompt: str, max_tokens: int) -> dict:
+    """The chat completion request for one segment (greedy, like the in-job engines). ``images``: the
+    segment's JPEGs (the CPU stage's, sent as they are), or an (N, H, W, 3) array encoded here."""
+    if not frames.is_encoded(images):
+        pixels = np.asarray(images)
+        if pixels.ndim != 4 or pixels.shape[-1] != 3:
+            raise ValueError(f"frames must be (N, H, W, 3), got {pixels.shape}")
+        images = frames.encode(pixels)
+    if len(images) == 0 or len(images) != len(timestamps):
+        raise ValueError(f"need one timestamp per frame, got {len(images)} frames and {len(timestamps)} timestamps")
     content: list[dict[str, Any]] = []
-    for frame, t in zip(frames, timestamps):
+    for jpeg, t in zip(images, timestamps):
         content.append({"type": "text", "text": f"Frame at {format_seconds(t)}:"})
-        content.append({"type": "image_url", "image_url": {"url": jpeg_data_url(frame)}})
+        content.append({"type": "image_url", "image_url": {"url": jpeg_data_url(jpeg)}})
     content.append({"type": "text", "text": f"{timestamps_text(list(timestamps))}\n{prompt}"})
     return {
         "model": model,
@@ -84,8 +83,8 @@ def build_endpoint_processor_for_job(ds, spec):
                 out = payload_row(payload)
             except Exception as exc:
                 out = error_row(f"{exc.__class__.__name__}: {exc}")
-        # Merged into the row by Ray; frames=None: the JPEGs in the payload carry them, the raw array goes no further.
-        return {**out, "frames": None}
+        # Merged into the row by Ray; the row's frames (JPEGs) go on to the result: the captions step keeps them.
+        return out
 
     processor = build_processor(endpoint, preprocess=_pre, postprocess=_job_result)
     # Ray's error rows bypass the postprocess; shape them too.

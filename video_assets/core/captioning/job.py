@@ -38,11 +38,11 @@ from video_assets.core.captioning.batch import (
     node_id,
 )
 from video_assets.core.inference.retries import engine_stage_options, tolerate_failed_batches
-from video_assets.core.media.sampling import SamplingConfig, sample_video
+from video_assets.core.media import frames
+from video_assets.core.media.sampling import SamplingConfig, SegmentStream
 from video_assets.core.vocabulary import CAPTION_OK
 
 DECODE_TASK_RETRIES = 3  # worker deaths only (OOM kill, lost node): decoding is idempotent
-NO_FRAMES = np.zeros((0, 1, 1, 3), dtype=np.uint8)  # an error row's frames: same column type as real ones
 
 
 def _preview(frames, timestamps) -> bytes:
@@ -56,45 +56,48 @@ def _preview(frames, timestamps) -> bytes:
         return b""
 
 
-def decode_and_sample(row: dict, sampling: SamplingConfig) -> list[dict]:
-    """CPU stage: one video in, one row per segment out (frames included, and a preview strip on the
-    first); a video that cannot be decoded is one row with ``decode_error`` set."""
+def decode_and_sample(row: dict, sampling: SamplingConfig) -> Iterator[dict]:
+    """CPU stage: one video in, one row per segment out, each as soon as it is decoded (its frames as JPEGs,
+    ``core.media.frames``, and a preview strip on the first): a task holds one segment's frames whatever the
+    video's length. A video that cannot be decoded is one row with ``decode_error`` set; one that fails
+    part way gives its decoded segments and an error row for each planned one left."""
     started = time.perf_counter()
+    stream = SegmentStream(row["uri"], sampling, row.get("duration_s"), row.get("rotation"))
+    done = 0
     try:
-        sampled = sample_video(row["uri"], sampling, row.get("duration_s"), row.get("rotation"))
-    except Exception as exc:  # one bad video becomes an error row, never a failed job
-        return [
-            {
+        for seg in stream:
+            yield {
                 **_ids(row),
-                "segment": 0,
-                "segments": 1,
+                "segment": seg.index,
+                "segments": stream.planned,
+                "segment_start_s": float(seg.start_s),
+                "segment_end_s": float(seg.end_s),
+                "frame_timestamps": [float(t) for t in seg.timestamps],
+                # JPEG from here on: ~15x fewer bytes through the object store; kept as sampled_frames too.
+                "frames": frames.encode(seg.frames),
+                "decode_s": time.perf_counter() - started,
+                "decode_node": node_id(),
+                "decode_error": "",  # not None: a column of Nones reaches the VLM stage as float NaN
+                "preview": _preview(seg.frames, seg.timestamps) if seg.index == 0 else b"",
+            }
+            del seg  # its raw frames go before the next segment is decoded: one segment's pixels held at a time
+            done, started = done + 1, time.perf_counter()
+    except Exception as exc:  # one bad video becomes error rows, never a failed job
+        error = f"{exc.__class__.__name__}: {exc}"
+        for index in range(done, max(stream.planned, done + 1)):
+            yield {
+                **_ids(row),
+                "segment": index,
+                "segments": max(stream.planned, 1),
                 "segment_start_s": 0.0,
                 "segment_end_s": 0.0,
                 "frame_timestamps": [],
-                "frames": NO_FRAMES,
+                "frames": [],
                 "decode_s": time.perf_counter() - started,
                 "decode_node": node_id(),
-                "decode_error": f"{exc.__class__.__name__}: {exc}",
+                "decode_error": error,
                 "preview": b"",
             }
-        ]
-    decode_s = (time.perf_counter() - started) / max(1, len(sampled.segments))
-    return [
-        {
-            **_ids(row),
-            "segment": seg.index,
-            "segments": len(sampled.segments),
-            "segment_start_s": float(seg.start_s),
-            "segment_end_s": float(seg.end_s),
-            "frame_timestamps": [float(t) for t in seg.timestamps],
-            "frames": seg.frames,
-            "decode_s": decode_s,
-            "decode_node": node_id(),
-            "decode_error": "",  # not None: a column of Nones reaches the VLM stage as float NaN
-            "preview": _preview(seg.frames, seg.timestamps) if seg.index == 0 else b"",
-        }
-        for seg in sampled.segments
-    ]
 
 
 def _ids(row: dict) -> dict:

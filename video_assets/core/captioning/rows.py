@@ -18,6 +18,7 @@ CARRIED_COLUMNS = (
     "decode_s",
     "decode_node",
     "preview",
+    "frames",  # the segment's JPEGs: the captions step keeps them (sampled_frames) for the later stages
 )
 
 

@@ -10,7 +10,7 @@ Pipeline built by ``build_vllm_processor``::
         ─► ChatTemplate (the model's HF chat template) ─► vLLM engine ─► postprocess (from_vllm_row)
 
 Frames travel as ONE OpenAI ``video_url`` part whose URL is ``data:video/jpeg;base64,<f1>,<f2>,...``
-(vLLM's format for a video given as JPEG frames), next to the same text part the transformers engine
+(vLLM's format for a video given as JPEG frames: the CPU stage's JPEGs, not encoded again), next to the same text part the transformers engine
 sends (frame timestamps + instruction). The frames' timing goes in ``mm_processor_kwargs`` as
 ``video_metadata`` (``requests.video_metadata``, the dict the transformers engine builds its
 ``VideoMetadata`` from) with ``do_sample_frames=False``. Not ``fps``: vLLM 0.29's Qwen2-VL parser drops
@@ -20,8 +20,8 @@ both that kwarg and the JPEG loader's ``media_io_kwargs`` metadata, and transfor
 from __future__ import annotations
 
 import base64
-import io
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from typing import Any
 
 from video_assets.core.captioning.requests import (
@@ -40,6 +40,7 @@ from video_assets.core.inference.vllm import (
     read_output,
     sampling_params,
 )
+from video_assets.core.media import frames
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
 REQUEST_ID_KEY = "caption_request_id"  # Ray's vLLM stage overwrites "request_id" with its own integer id
@@ -50,21 +51,23 @@ def build_processor_config(settings: VllmSettings):
     return processor_config(settings, multimodal=True)
 
 
-def _jpeg_b64(frame, quality: int) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(frame).save(buf, format="JPEG", quality=quality)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def video_data_url(frames, quality: int = 90) -> str:
+def video_data_url(jpegs: Sequence[bytes]) -> str:
     """vLLM's data URL for a video given as frames: comma-separated base64 JPEGs."""
-    return "data:video/jpeg;base64," + ",".join(_jpeg_b64(f, quality) for f in frames)
+    return "data:video/jpeg;base64," + ",".join(base64.b64encode(bytes(j)).decode("ascii") for j in jpegs)
 
 
-def to_openai_messages(messages: list[dict[str, Any]], quality: int = 90) -> list[dict[str, Any]]:
-    """``build_messages`` output with the video part re-encoded as an OpenAI ``video_url`` part."""
+def request_jpegs(request: CaptionRequest) -> list[bytes]:
+    """The request's frames as JPEGs: as the job's CPU stage encoded them (put in the request unchanged),
+    else a pixel array encoded here; ValueError when malformed."""
+    if frames.is_encoded(request.frames):
+        if len(request.frames) != len(request.timestamps):
+            raise ValueError(f"{len(request.frames)} frames but {len(request.timestamps)} timestamps")
+        return [bytes(j) for j in request.frames]
+    return frames.encode(validate_request(request))
+
+
+def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``build_messages`` output (its video part holding JPEGs) with the video as an OpenAI ``video_url`` part."""
     out = []
     for m in messages:
         content = m["content"]
@@ -72,7 +75,7 @@ def to_openai_messages(messages: list[dict[str, Any]], quality: int = 90) -> lis
             parts = []
             for p in content:
                 if p.get("type") == "video":
-                    parts.append({"type": "video_url", "video_url": {"url": video_data_url(p["video"], quality)}})
+                    parts.append({"type": "video_url", "video_url": {"url": video_data_url(p["video"])}})
                 else:
                     parts.append({"type": "text", "text": p["text"]})
             content = parts
@@ -80,7 +83,7 @@ def to_openai_messages(messages: list[dict[str, Any]], quality: int = 90) -> lis
     return out
 
 
-def to_vllm_row(request: CaptionRequest, jpeg_quality: int = 90, max_new_tokens: int | None = None) -> dict[str, Any]:
+def to_vllm_row(request: CaptionRequest, max_new_tokens: int | None = None) -> dict[str, Any]:
     """One request as the row Ray's vLLM processor expects.
 
     A malformed request (bad frame array) becomes a row already marked with Ray's error column, so
@@ -98,11 +101,10 @@ def to_vllm_row(request: CaptionRequest, jpeg_quality: int = 90, max_new_tokens:
         ERROR_KEY: "",
     }
     try:
-        frames = validate_request(request)
+        jpegs = request_jpegs(request)
     except Exception as exc:  # same keys as a good row, so Ray's blocks keep one schema
         return {**row, ERROR_KEY: f"{exc.__class__.__name__}: {exc}"}
-    messages = build_messages(CaptionRequest(**{**request.__dict__, "frames": frames}))
-    row["messages"] = to_openai_messages(messages, jpeg_quality)
+    row["messages"] = to_openai_messages(build_messages(replace(request, frames=jpegs)))
     row["mm_processor_kwargs"]["video_metadata"] = video_metadata(request.timestamps)
     return row
 
@@ -135,7 +137,7 @@ def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=No
             system=row.get("system"),
             max_new_tokens=int(row.get("max_new_tokens") or settings.max_new_tokens),
         )
-        return {**to_vllm_row(req, settings.jpeg_quality, settings.max_new_tokens), "frames": None}
+        return {**to_vllm_row(req, settings.max_new_tokens), "frames": None}
 
     processor = build_processor(
         build_processor_config(settings),
@@ -170,11 +172,10 @@ def build_vllm_processor_for_job(ds, spec):
             prompt=spec.prompt,
             max_new_tokens=settings.max_new_tokens,
         )
-        out = to_vllm_row(req, settings.jpeg_quality, settings.max_new_tokens)
+        out = to_vllm_row(req, settings.max_new_tokens)
         if error := decode_error(row.get("decode_error")):  # the CPU stage's error row: Ray's stages skip it
             out = {**out, "messages": [], ERROR_KEY: error}
-        # frames=None: the JPEGs in the messages carry them; don't ship the raw array through every stage.
-        return {**out, "frames": None}
+        return out  # the row's frames (JPEGs) go on to the result: the captions step keeps them
 
     processor = build_vllm_processor(settings, preprocess=_pre, postprocess=_job_result)
     # Ray's error rows bypass the postprocess; shape them too.

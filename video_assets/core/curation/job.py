@@ -1,7 +1,7 @@
 """The curation Ray Data job (shape in ``core.inference.stages``).
 
-The CPU stage decodes, per video, exactly the frames its captions saw (``sample_times`` on the captions'
-``frame_timestamps``), scores and judges them (``quality.curate``, over the whole video in time order, so
+The CPU stage takes, per video, exactly the frames its captions saw (their JPEGs from sampled_frames; for
+older captions, decoded again at the captions' ``frame_timestamps``: ``frames.caption_frames_at``), scores and judges them (``quality.curate``, over the whole video in time order, so
 duplicates are found across segments) and encodes each kept frame, cropped to its picture, as JPEG. With
 descriptions on, a pool of VLM actors (the captioning engine interface) describes every kept frame as a
 one-frame request; otherwise there is no model stage.
@@ -17,9 +17,10 @@ import time
 import numpy as np
 
 from video_assets.core.captioning.job import EngineSpec, build_engine
-from video_assets.core.curation.quality import CurationConfig, crop, curate, jpeg
+from video_assets.core.curation.quality import CurationConfig, crop, curate
 from video_assets.core.inference.stages import StageSpec, columns, node_id, stream
-from video_assets.core.media.sampling import match_times, sample_times
+from video_assets.core.media.frames import caption_frames_at, encode_one
+from video_assets.core.media.sampling import match_times
 from video_assets.core.vocabulary import CURATION_ERROR
 
 DEFAULT_DESCRIBE_PROMPT = "Describe the action of both hands in 20 words."
@@ -62,7 +63,7 @@ def decode_and_curate(row: dict, config: CurationConfig) -> list[dict]:
     segments = {int(k): list(v) for k, v in json.loads(row["times"]).items()}
     wanted = [(seg, j, float(t)) for seg, ts in sorted(segments.items()) for j, t in enumerate(ts)]
     try:
-        found, frames = sample_times(row["uri"], sorted({t for _, _, t in wanted}), rotation=row.get("rotation"))
+        found, frames, _ = caption_frames_at(row, [t for _, _, t in wanted])
         error = ""
     except Exception as exc:  # one bad video is error rows, never a failed job
         found, frames, error = [], np.zeros((0, 1, 1, 3), np.uint8), f"{exc.__class__.__name__}: {exc}"
@@ -83,7 +84,7 @@ def decode_and_curate(row: dict, config: CurationConfig) -> list[dict]:
             | {"contrast": v.contrast, "motion": v.motion, "phash": v.phash, "error": ""}
             | {"crop_x0": x0, "crop_y0": y0, "crop_x1": x1, "crop_y1": y1}
             | {"width": int(frames.shape[2]), "height": int(frames.shape[1])}
-            | {"image": jpeg(crop(frames[i], v.crop), config.jpeg_quality) if v.kept else None}
+            | {"image": encode_one(crop(frames[i], v.crop), config.jpeg_quality) if v.kept else None}
             | {"thumb": _thumb(frames[i])}
         )
     return out

@@ -244,12 +244,3 @@ def curate(frames, timestamps: list[float], config: CurationConfig = CurationCon
             duplicate_of=twin if reason == CURATION_DUPLICATE else None,
         )
     return [out[i] for i in range(len(timestamps))]
-
-
-def jpeg(frame: np.ndarray, quality: int = 90) -> bytes:
-    """A frame as JPEG bytes."""
-    import io
-
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(frame)).save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()

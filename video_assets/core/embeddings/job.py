@@ -1,7 +1,8 @@
 """The embedding Ray Data jobs (shape in ``core.inference.stages``).
 
-Frames: the CPU stage decodes, per video, exactly the frames its captions saw (``sample_times`` on the
-captions' ``frame_timestamps``), so a frame hit and a caption hit name the same instant; the encoder
+Frames: the CPU stage takes, per video, exactly the frames its captions saw (their JPEGs from
+sampled_frames; for older captions, decoded again at the captions' ``frame_timestamps``), so a frame hit
+and a caption hit name the same instant; the encoder
 actors embed them (and read on-screen text when OCR is on). Texts: no CPU stage; encoder actors embed
 transcript segments and captions.
 """
@@ -16,7 +17,8 @@ import numpy as np
 
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.stages import StageSpec, columns, node_id, stream
-from video_assets.core.media.sampling import match_times, sample_times
+from video_assets.core.media.frames import caption_frames_at
+from video_assets.core.media.sampling import match_times
 from video_assets.core.vocabulary import EMBED_ERROR, EMBEDDED
 
 EFFICIENTNET_LITE0 = "efficientnet-lite0"  # model_type of the bundled encoder's config.json
@@ -37,14 +39,13 @@ def load_frame_encoder(model_dir: str | Path, device: str = "cpu"):
 
 
 def decode_caption_frames(row: dict) -> list[dict]:
-    """CPU stage: one video's caption frames (``times``: segment -> frame times) decoded again; one row
-    per segment, or one row with ``error`` when nothing decodes."""
+    """CPU stage: one video's caption frames (``times``: segment -> frame times; ``caption_frames_at``);
+    one row per segment, or one row with ``error`` when nothing decodes."""
     started = time.perf_counter()
     ids = {k: row[k] for k in ("video_id", "batch_key", "uri")}
     segments = json.loads(row["times"])
     try:
-        times = sorted({t for ts in segments.values() for t in ts})
-        found, frames = sample_times(row["uri"], times, rotation=row.get("rotation"))
+        found, frames, _ = caption_frames_at(row, [t for ts in segments.values() for t in ts])
     except Exception as exc:  # one bad video is an error row, never a failed job
         return [
             {**ids, "segment": 0, "timestamps": [], "frames": np.zeros((0, 1, 1, 3), np.uint8)} | _err(exc, started)

@@ -46,7 +46,6 @@ class VllmSettings(BaseModel):
     )
     accelerator_type: str | None = Field(default=None, description='e.g. "H100"; None lets Ray place anywhere')
     dtype: str = Field(default="auto", description="Weights' dtype (auto: the checkpoint's)")
-    jpeg_quality: int = Field(default=90, ge=1, le=100, description="Frames cross Ray as JPEG at this quality")
     should_continue_on_error: bool = Field(default=True, description="A failed row gets an error, not a failed job")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args (override)")
     # Where the engine runs. None: Ray's default, one GPU per worker. vLLM's CPU build needs

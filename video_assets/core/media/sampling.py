@@ -23,6 +23,7 @@ import itertools
 import math
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -447,15 +448,19 @@ def _collect(
     A snapped target alone in its group whose keyframe is in ``cache`` is taken from there: no seek,
     no decode.
     """
+    args = (container, stream, info, targets, convert, stats, spare, lower, snapped)
     try:
-        return _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, skip, cache)
+        picks = list(_iter_collect(*args, skip, cache))
     except _Regate:
         stats["regated"] = True
-        return _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, False, cache)
+        picks = list(_iter_collect(*args, False, cache))
+    return sorted(picks, key=lambda p: p[0])
 
 
-def _collect_once(container, stream, info, targets, convert, stats, spare, lower, snapped, skip, cache):
-    picks: list[tuple[float, object, int]] = []
+def _iter_collect(container, stream, info, targets, convert, stats, spare, lower, snapped, skip, cache):
+    """``_collect``'s picks one at a time, in target order (the fill-in of a stream that ended early last,
+    not in time order); raises ``_Regate`` before any fill-in."""
+    taken: list[float] = []  # times of the frames given (the frames themselves are the caller's)
     skipped: deque = deque(maxlen=spare)
     snapped = snapped or [False] * len(targets)
     gate = _Gate() if skip else None
@@ -464,13 +469,14 @@ def _collect_once(container, stream, info, targets, convert, stats, spare, lower
     def keyframe_pick(target: float) -> bool:
         # A snapped keyframe already taken by the target before it: this one takes the next frame,
         # as an exact target would, so its chain must be decoded.
-        return snapped[order] and not (picks and picks[-1][0] >= target - SNAP_EPS_S)
+        return snapped[order] and not (taken and taken[-1] >= target - SNAP_EPS_S)
 
     groups = plan_seeks(targets, info.keyframes)
     for g, (key, group) in enumerate(groups):
         kept = cache.get(group[0]) if cache and len(group) == 1 and keyframe_pick(group[0]) else None
         if kept is not None:
-            picks.append((kept[0], convert(kept[1]), order))
+            taken.append(kept[0])
+            yield (kept[0], convert(kept[1]), order)
             stats["keyframes_reused"] += 1
             order += 1
             continue
@@ -491,19 +497,20 @@ def _collect_once(container, stream, info, targets, convert, stats, spare, lower
             reach = target - SNAP_EPS_S if snapped[order] else target
             for t, frame in run:
                 cursor = t
-                if t >= reach and (not picks or t > picks[-1][0]):
-                    picks.append((t, convert(frame), order))
+                if t >= reach and (not taken or t > taken[-1]):
+                    taken.append(t)
+                    yield (t, convert(frame), order)
                     break
                 skipped.append((t, frame))
             else:
                 if gate is not None and gate.skipping and spare:
                     raise _Regate
-                used, floor = {p[0] for p in picks}, lower[order] if lower else -math.inf
+                used, floor = set(taken), lower[order] if lower else -math.inf
                 fill = [(t, f) for t, f in skipped if t not in used and t >= floor][-(len(targets) - order) :]
-                picks += [(t, convert(f), order + i) for i, (t, f) in enumerate(fill)]
-                return sorted(picks, key=lambda p: p[0])
+                for i, (t, f) in enumerate(fill):
+                    yield (t, convert(f), order + i)
+                return
             order += 1
-    return picks
 
 
 # Planar YUV is scaled in YUV, chroma at its own resolution, and converted to RGB after: about 2x
@@ -562,6 +569,7 @@ class _Grey:
 
 
 def _scores(times_and_greys) -> list[tuple[float, float]]:
+    """(time, score) for a stream of (time, grey): only the previous grey is held, whatever the length."""
     out, prev = [], None
     for t, g in times_and_greys:
         out.append((t, 0.0 if prev is None else float(np.abs(g - prev).mean() / 255.0)))
@@ -586,17 +594,22 @@ def keyframe_motion(
     with open_container(source, SamplingError) as container:
         stream = _open_stream(container, cfg)
         stream.codec_context.skip_frame = "NONKEY"
-        greys, grey = [], _Grey()
-        for t, frame in _decode_run(container, stream, info.t0, 0.0, stats):
-            stats["motion_frames_decoded"] += 1
-            if not frame.key_frame:
-                break
-            greys.append((t, grey(frame)))
-            if cache is not None:
-                cache.keep(t, frame)
-        else:
+        grey, only_keys = _Grey(), [True]
+
+        def keyframes():
+            for t, frame in _decode_run(container, stream, info.t0, 0.0, stats):
+                stats["motion_frames_decoded"] += 1
+                if not frame.key_frame:
+                    only_keys[0] = False  # the decoder ignores skip_frame: seek to each keyframe instead
+                    return
+                if cache is not None:
+                    cache.keep(t, frame)
+                yield t, grey(frame)
+
+        scores = _scores(keyframes())
+        if only_keys[0]:
             stats["motion"] = "keyframe_only"
-            return _scores(greys)
+            return scores
     keys = info.keyframes
     if len(keys) < 3:
         stats["motion"] = "unavailable: fewer than 3 keyframes"
@@ -606,10 +619,12 @@ def keyframe_motion(
         stream = _open_stream(container, cfg)
         before = stats["frames_decoded"]
         # The targets are keyframes: nothing between them needs decoding (where the decoder obeys).
-        picks = _collect(container, stream, info, keys, _Grey(), stats, 0, None, [True] * len(keys), True)
+        # No spare frames, so no fill-in and no regate: the picks come in time order, scored as they come.
+        picks = _iter_collect(container, stream, info, keys, _Grey(), stats, 0, None, [True] * len(keys), True, None)
+        scores = _scores((t, g) for t, g, _ in picks)
         stats["motion_frames_decoded"] += stats["frames_decoded"] - before
     stats["motion"] = "seek_per_keyframe"
-    return _scores((t, g) for t, g, _ in picks)
+    return scores
 
 
 def cut_candidates(motion: list[tuple[float, float]], duration_s: float) -> list[tuple[float, float]]:
@@ -670,6 +685,14 @@ def _plan(cfg: SamplingConfig, info: _StreamInfo, source: str, stats: dict, cach
     return plans
 
 
+def worth_skipping(targets: int, duration_s: float, fps) -> bool:
+    """Whether the decoder should skip the frames no target needs. Not on a stream with fewer than two
+    frames a target (a clip shorter than the frame floor): little is skipped, and the stream may end
+    before the last target, when the frames skipped are needed as fill-in and everything would be
+    decoded a second time (``_Regate``)."""
+    return not fps or duration_s * float(fps) >= 2 * targets
+
+
 def sample_video(
     source: str | Path,
     cfg: SamplingConfig = SamplingConfig(),
@@ -678,60 +701,115 @@ def sample_video(
 ) -> SampledVideo:
     """Decode the planned frames of the video at ``source`` (a local path or an object-store / http(s)
     URI, see ``media.source``); duration and rotation come from the file when not given. Every pass
-    opens the source anew and closes what it opened."""
-    began = time.perf_counter()
-    source = str(source)
-    stats = _new_stats()
-    with open_container(source, SamplingError) as container:
-        if not container.streams.video:
-            raise SamplingError("no video stream")
-        stream = _open_stream(container, cfg)
-        try:
-            info = _stream_info(container, stream, duration_s, exact_keys=cfg.keyframe_snap_s > 0)
-            # Snapped targets are keyframes the motion pass (when it runs) has decoded already.
-            cache = _KeyframeCache() if cfg.keyframe_snap_s > 0 else None
-            plans = _plan(cfg, info, source, stats, cache)
-            targets = [t for _, ts, _ in plans for t in ts]
-            snapped = [s for _, _, ss in plans for s in ss]
-            owner = [i for i, (_, ts, _) in enumerate(plans) for _ in ts]
-            lower = [plans[i][0][0] for i in owner]
-            convert = _Converter(cfg, rotation)
-            picks = _collect(
-                container, stream, info, targets, convert, stats, cfg.min_frames, lower, snapped, True, cache
-            )
-        except av.error.FFmpegError as exc:
-            raise SamplingError(f"decoding failed: {_readable(exc)}") from exc
-    if not picks:
-        failed = f" ({stats['decode_errors']} packets failed to decode)" if stats["decode_errors"] else ""
-        raise SamplingError("no decodable video frame" + failed)
-    w, h = convert.size
-    segments = []
-    for i, ((start, end), _, _) in enumerate(plans):
-        mine = [(t, rgb) for t, rgb, k in picks if owner[min(k, len(owner) - 1)] == i]
-        frames = np.stack([rgb for _, rgb in mine]) if mine else np.zeros((0, h, w, 3), np.uint8)
-        segments.append(Segment(i, start, end, [t for t, _ in mine], frames))
-    stats.update(
-        duration_estimated=info.duration_estimated,
-        keyframes=len(info.keyframes),
-        packets_scanned=info.packets,
-        keyframe_only=stats["motion"] == "keyframe_only",
-        frames_returned=len(picks),
-        snapped=sum(snapped),
-        seconds=round(time.perf_counter() - began, 4),
-    )
-    return SampledVideo(info.duration_s, int(convert.rotation or 0), segments, stats)
+    opens the source anew and closes what it opened. All segments at once: ``SegmentStream`` gives them
+    one at a time."""
+    stream = SegmentStream(source, cfg, duration_s, rotation)
+    segments = list(stream)
+    return SampledVideo(stream.duration_s, stream.rotation, segments, stream.decode_stats)
+
+
+class SegmentStream:
+    """``sample_video`` one segment at a time: iterating it decodes the video once and yields each
+    ``Segment`` as soon as its last frame is decoded, so memory holds one segment's frames whatever the
+    video's length (an hour of CCTV at ``segment_s`` 30 is 120 segments). ``planned`` (the segment count)
+    and ``duration_s`` are set before the first segment comes; ``rotation`` and ``decode_stats`` are whole
+    at the end. A decode error after some segments raises ``SamplingError`` then (those already yielded
+    stand)."""
+
+    def __init__(
+        self,
+        source: str | Path,
+        cfg: SamplingConfig = SamplingConfig(),
+        duration_s: float | None = None,
+        rotation: int | None = None,
+    ):
+        self.source, self.cfg, self._duration_s, self._rotation = str(source), cfg, duration_s, rotation
+        self.duration_s: float = 0.0
+        self.planned: int = 0
+        self.rotation: int = 0
+        self.decode_stats: dict = _new_stats()
+        self._returned = 0  # frames in the segments given so far
+
+    def __iter__(self) -> Iterator[Segment]:
+        began, cfg, stats = time.perf_counter(), self.cfg, self.decode_stats
+        with open_container(self.source, SamplingError) as container:
+            if not container.streams.video:
+                raise SamplingError("no video stream")
+            stream = _open_stream(container, cfg)
+            try:
+                info = _stream_info(container, stream, self._duration_s, exact_keys=cfg.keyframe_snap_s > 0)
+                # Snapped targets are keyframes the motion pass (when it runs) has decoded already.
+                cache = _KeyframeCache() if cfg.keyframe_snap_s > 0 else None
+                plans = _plan(cfg, info, self.source, stats, cache)
+                self.duration_s, self.planned = info.duration_s, len(plans)
+                targets = [t for _, ts, _ in plans for t in ts]
+                snapped = [s for _, _, ss in plans for s in ss]
+                owner = [i for i, (_, ts, _) in enumerate(plans) for _ in ts]
+                lower = [plans[i][0][0] for i in owner]
+                convert = _Converter(cfg, self._rotation)
+                skip = worth_skipping(len(targets), info.duration_s, stream.average_rate or stream.guessed_rate)
+                args = (container, stream, info, targets, convert, stats, cfg.min_frames, lower, snapped)
+                done, held = 0, []  # segments yielded; the next one's picks
+                for skipping in (skip, False):
+                    try:
+                        for t, rgb, k in _iter_collect(*args, skipping, cache):
+                            mine = owner[min(k, len(owner) - 1)]
+                            if mine < done:  # a redo (below) decoding again a segment already given
+                                continue
+                            while mine > done:
+                                yield self._segment(plans, done, held, convert)
+                                done, held = done + 1, []
+                            held.append((t, rgb))
+                        break
+                    except _Regate:
+                        # The stream ended before the last targets and their fill-in was skipped: the rest
+                        # again without skipping (the segments already given are not decoded differently).
+                        stats["regated"], held = True, []
+            except av.error.FFmpegError as exc:
+                raise SamplingError(f"decoding failed: {_readable(exc)}") from exc
+            if not self._returned and not held:
+                failed = f" ({stats['decode_errors']} packets failed to decode)" if stats["decode_errors"] else ""
+                raise SamplingError("no decodable video frame" + failed)
+            while done < len(plans):
+                yield self._segment(plans, done, held, convert)
+                done, held = done + 1, []
+        self.rotation = int(convert.rotation or 0)
+        stats.update(
+            duration_estimated=info.duration_estimated,
+            keyframes=len(info.keyframes),
+            packets_scanned=info.packets,
+            keyframe_only=stats["motion"] == "keyframe_only",
+            frames_returned=self._returned,
+            snapped=sum(snapped),
+            seconds=round(time.perf_counter() - began, 4),
+        )
+
+    def _segment(self, plans, i: int, held: list, convert) -> Segment:
+        (start, end), _, _ = plans[i]
+        held = sorted(held, key=lambda p: p[0])  # a stream that ended early: fill-in frames come last
+        self._returned += len(held)
+        w, h = convert.size
+        frames = np.stack([rgb for _, rgb in held]) if held else np.zeros((0, h, w, 3), np.uint8)
+        return Segment(i, start, end, [t for t, _ in held], frames)
 
 
 def sample_times(
-    source: str | Path, times: list[float], cfg: SamplingConfig = SamplingConfig(), rotation: int | None = None
+    source: str | Path,
+    times: list[float],
+    cfg: SamplingConfig = SamplingConfig(),
+    rotation: int | None = None,
+    stats: dict | None = None,
 ) -> tuple[list[float], np.ndarray]:
     """The frames at ``times``, which are frame times this module returned before (e.g. the frames a
     caption saw), decoded again with the same plan rules (seek to the keyframe before, skip what no
     target needs) and the same size and rotation: later stages see exactly what the VLM saw. Returns
-    the times of the frames found and the frames; a time past the end of the stream is left out."""
+    the times of the frames found and the frames; a time past the end of the stream is left out.
+    ``stats``: a dict that gets the decode counters (``frames_decoded``, ...)."""
     if not times:
         return [], np.zeros((0, 1, 1, 3), np.uint8)
-    stats = _new_stats()
+    if stats is None:
+        stats = {}
+    stats.update(_new_stats())
     targets = sorted(set(float(t) for t in times))
     with open_container(str(source), SamplingError) as container:
         if not container.streams.video:

@@ -20,6 +20,7 @@ import hashlib
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,7 @@ class CaptionerReplica:
         self.engine = build_engine(engine)
         self.max_new_tokens = engine.max_new_tokens
         self.node = node_id()
+        self.replica = uuid.uuid4().hex  # which replica answered: a pid can come back for another one
         self.counts = {"loads": 1, "caption_batches": 0, "captioned": 0, "structure_calls": 0, "structured": 0}
         self.load_s = time.perf_counter() - started
         self.busy = 0
@@ -101,7 +103,14 @@ class CaptionerReplica:
         return self._structurer.generate(requests)
 
     async def stats(self) -> dict:
-        return {"pid": os.getpid(), "node": self.node, "busy": self.busy, "load_s": self.load_s, **self.counts}
+        return {
+            "replica": self.replica,
+            "pid": os.getpid(),
+            "node": self.node,
+            "busy": self.busy,
+            "load_s": self.load_s,
+            **self.counts,
+        }
 
 
 def _serve_running() -> bool:

@@ -114,6 +114,13 @@ def captions(
         f"batch {batch}: {todo.height} videos to caption, {good.height - todo.height} cached, "
         f"{meta.height - good.height} rejected by the probe"
     )
+    if engine == "endpoint" and todo.height:
+        from video_assets.core.inference.endpoint import Endpoint, EndpointUnavailable
+
+        try:  # before Ray starts: a server that is down is a clear failure, not a batch of error rows
+            Endpoint(**spec.endpoint).check()
+        except EndpointUnavailable as exc:
+            raise Failure(str(exc)) from None
     stamp = {
         "model_name": vlm.registered_model,
         "model_version": model_version,

@@ -34,7 +34,7 @@ from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CURATION_ERROR
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, stage_asset, table_metadata
 from video_assets.defs.engines import actor_gpus, model_files_of
-from video_assets.defs.lineage import lineage_captions
+from video_assets.defs.lineage import lineage_captions, with_sampled_frames
 
 SHEET_VIDEOS = 4  # videos whose frames the contact sheet shows
 WRITE_EVERY = 256  # rows per Delta write (whole videos)
@@ -71,7 +71,7 @@ def frames(
     curation: CurationStore,
     ray_cluster: RayResource,
 ) -> MaterializeResult:
-    """Every frame the batch's captions saw (decoded again at the same times), scored (sharpness,
+    """Every frame the batch's captions saw (their JPEGs from sampled_frames), scored (sharpness,
     brightness, contrast, motion, black borders, perceptual hash) and kept or dropped with the reason
     (dark, washed_out, flat, blurry, static, duplicate); kept frames cropped to their picture as JPEG,
     and described by the VLM when `describe` is on. The captions, and the model version that describes,
@@ -95,9 +95,11 @@ def frames(
         if video["video_id"] in done and not config.recurate:
             continue
         todo.append({k: video[k] for k in ("video_id", "batch_key", "uri")} | {"times": json.dumps(video["times"])})
+    sources = with_sampled_frames(tables, batch, pair, todo)
     context.log.info(
         f"batch {batch}: {len(todo)} videos to curate (curation_version {version}), {len(done)} already "
-        f"curated, {skipped} without captioned frames"
+        f"curated, {skipped} without captioned frames; frames of {sources['sampled_frames']} from sampled_frames, "
+        f"{sources['decoded_again']} decoded again"
     )
     gpus = actor_gpus(vlm, "transformers") if engine is not None else 0.0
     spec = StageSpec(vlm.cpu_concurrency, vlm.concurrency, gpus, vlm.batch_size)
@@ -143,6 +145,8 @@ def frames(
             "rows_by_reason": MetadataValue.json(reasons),
             "frames_kept": MetadataValue.int(int(out.get_column("kept").sum()) if out.height else 0),
             "videos_curated": MetadataValue.int(len(todo)),
+            # Where the frames came from: the captions' own JPEGs, or (older captions) the video decoded again.
+            "frame_sources": MetadataValue.json(sources),
             "videos_cached": MetadataValue.int(len(done)),
             "rows_written": MetadataValue.int(written),
             "job_wall_s": MetadataValue.float(round(wall_s, 3)),

@@ -25,7 +25,7 @@ from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_OK, EMBED_ERROR, SOURCE_CAPTION, SOURCE_TRANSCRIPT, TRANSCRIPT_SPEECH
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
 from video_assets.defs.engines import cluster_gpus
-from video_assets.defs.lineage import CaptionPair, lineage_captions, upstream_value
+from video_assets.defs.lineage import CaptionPair, lineage_captions, upstream_value, with_sampled_frames
 from video_assets.defs.registry import archive_model_files
 
 PLOT_VIDEOS = 6  # videos whose frames the materialisation plots in 2-D
@@ -77,9 +77,11 @@ def frame_embeddings(
             failed.append(ids | _error_row(video["reason"]))
         else:
             todo.append(ids | {"times": json.dumps(video["times"])})
+    sources = with_sampled_frames(tables, batch, pair, todo)
     context.log.info(
         f"batch {batch}: {len(todo)} videos to embed with models:/{encoder}@{archive.alias} v{version}, "
-        f"{len(done)} already embedded, {len(failed)} without captioned frames"
+        f"{len(done)} already embedded, {len(failed)} without captioned frames; frames of "
+        f"{sources['sampled_frames']} from sampled_frames, {sources['decoded_again']} decoded again"
     )
     # One segment (its frames) per call; the encoder batches frames.
     spec, device = archive.stage_spec(cluster_gpus(), 1, FRAMES)
@@ -123,6 +125,8 @@ def frame_embeddings(
             "encoder_version": MetadataValue.text(version),
             **pair.metadata(),
             "videos_embedded": MetadataValue.int(len(todo)),
+            # Where the frames came from: the captions' own JPEGs, or (older captions) the video decoded again.
+            "frame_sources": MetadataValue.json(sources),
             "videos_cached": MetadataValue.int(len(done)),
             "frames_embedded": MetadataValue.int(frames),
             "error_rows": MetadataValue.int(errors),
