@@ -198,7 +198,8 @@ def _print_where(tables) -> None:
     print("\nTables (Delta Lake; read with polars.read_delta):")
     for name in SCHEMAS:
         if tables.exists(name):
-            print(f"  {name:16s} {tables.table_uri(name)}  ({tables.read(name).height} rows)")
+            # Counted from the Delta log's file statistics: no data file is read (sampled_frames holds images).
+            print(f"  {name:16s} {tables.table_uri(name)}  ({tables.row_count(name)} rows)")
     if tables.exists("captions"):
         import polars as pl
 
@@ -220,7 +221,7 @@ def _print_where(tables) -> None:
             print(f"  {uc:16s} {status:10s} {n}")
         for name in ("alerts", "review_queue"):
             if tables.exists(name):
-                print(f"{name}: {tables.read(name).height} rows")
+                print(f"{name}: {tables.row_count(name)} rows")
     if tables.exists("eval_scores"):
         import polars as pl
 

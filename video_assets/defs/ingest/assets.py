@@ -15,7 +15,6 @@ from video_assets.core.media.source import open_media
 from video_assets.core.tables import BATCH_MANIFEST, KEYS, RAW_VIDEOS, SCHEMAS, VIDEO_METADATA, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.defs.common import batch_asset, stage_asset, table_metadata
-from video_assets.defs.ingest.registration import read_manifest
 
 # Written by the upload sensor and `video-assets register` (never by a run), which report each write
 # as a materialisation: an external asset, so the manifest -> raw_videos lineage shows in the UI.
@@ -42,13 +41,19 @@ def raw_videos(
 ) -> MaterializeResult:
     """One row per uploaded file, keyed by the sha256 of its bytes; the batch's files come from the
     manifest the upload sensor wrote, so rerunning a batch registers exactly the same files."""
-    manifest = read_manifest(tables).filter((pl.col("batch_key") == batch) & (pl.col("status") == "batched"))
+    # The batch's rows only, pushed down to Delta: the manifest lists every file ever seen.
+    manifest = tables.read(
+        BATCH_MANIFEST, SCHEMAS[BATCH_MANIFEST], where=(pl.col("batch_key") == batch) & (pl.col("status") == "batched")
+    )
     if manifest.is_empty():
         raise Failure(
             f"batch {batch!r} has no files in the manifest at {tables.table_uri('batch_manifest')}; "
             "batches are created by the upload sensor or `video-assets register`"
         )
-    registered = tables.read(RAW_VIDEOS, SCHEMAS[RAW_VIDEOS])
+    # Registered rows of this batch's videos only (a video registered by another batch is a duplicate).
+    registered = tables.read(
+        RAW_VIDEOS, SCHEMAS[RAW_VIDEOS], where=pl.col("video_id").is_in(manifest.get_column("video_id").to_list())
+    )
     elsewhere = dict(registered.filter(pl.col("batch_key") != batch).select("video_id", "uri").iter_rows())
     now = datetime.now(UTC)
     rows, missing, changed, duplicates, refused = [], [], [], [], []
