@@ -81,6 +81,9 @@ def test_embeddings_and_curation_read_the_captions_frames_not_the_video(
         run_config = {"ops": {"captions": {"config": {"min_frames": 3, "max_frames": 5, **config}}}}
         result = materialize([captions], partition_key=key, instance=instance, resources=res, run_config=run_config)
         assert result.success
+        meta = result.asset_materializations_for_node("captions")[0].metadata
+        # What a segment put through the object store: JPEGs, a fraction of the raw frames (~0.6 MB each).
+        assert 0 < meta["frame_mb_per_segment"].value < 0.6
         return pl.read_delta(tables.table_uri("captions")).filter(pl.col("status") == "ok")
 
     tables = res["tables"]

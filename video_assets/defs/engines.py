@@ -156,6 +156,7 @@ def run_captioning(
     arrived: dict[str, dict[int, dict]] = {}  # video -> segment -> row, until every planned segment is in
     whole: set[str] = set()  # videos every planned segment of which came back
     written = cpu_s = engine_s = delta_s = 0.0
+    frame_bytes = 0  # the JPEGs the decode stage sent (what crossed the object store)
     first_row_s = None  # Ray Data start-up, actor spawn, model load and the first batch
     nodes: dict[str, set[str]] = {"decode": set(), "engine": set()}  # Ray node ids each stage ran on
     previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
@@ -179,6 +180,7 @@ def run_captioning(
         else:
             log.warning(f"[{n_rows}] {name}: {printable(row['error'])}")
         cpu_s += row.get("decode_s") or 0.0
+        frame_bytes += sum(len(f) for f in row["frames"]) if row.get("frames") is not None else 0
         if overlapping:  # a request's latency, overlapping others: the engine is busy while any is in flight
             done = time.perf_counter()
             in_flight.append((done - float(row.get("engine_s") or 0.0), done))
@@ -215,6 +217,7 @@ def run_captioning(
         "engine_s": engine_s,
         "nodes": {k: sorted(v) for k, v in nodes.items()},
         "previews": previews,
+        "frame_bytes": frame_bytes,
         "service": engine_service(spec),
     }
 

@@ -167,6 +167,10 @@ def captions(
             # What the throughput model (`video-assets predict`) calibrates on.
             "video_s": MetadataValue.float(round(float(todo.get_column("duration_s").fill_null(0).sum() or 0), 3)),
             "requests": MetadataValue.int(int(stats["requests"])),
+            # The sampled frames as JPEG (core.media.frames): what a segment put through Ray's object store.
+            "frame_mb_per_segment": MetadataValue.float(
+                round(stats["frame_bytes"] / max(1, int(stats["requests"])) / 1e6, 3)
+            ),
             "output_tokens": MetadataValue.int(int(out.get_column("output_tokens").sum() or 0)),
         },
     )
