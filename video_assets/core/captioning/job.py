@@ -61,7 +61,7 @@ def decode_and_sample(row: dict, sampling: SamplingConfig) -> Iterator[dict]:
     ``core.media.frames``, and a preview strip on the first): a task holds one segment's frames whatever the
     video's length. A video that cannot be decoded is one row with ``decode_error`` set; one that fails
     part way gives its decoded segments and an error row for each planned one left."""
-    started = time.perf_counter()
+    started, node = time.perf_counter(), node_id()
     stream = SegmentStream(row["uri"], sampling, row.get("duration_s"), row.get("rotation"))
     done = 0
     try:
@@ -76,7 +76,7 @@ def decode_and_sample(row: dict, sampling: SamplingConfig) -> Iterator[dict]:
                 # JPEG from here on: ~15x fewer bytes through the object store; kept as sampled_frames too.
                 "frames": frames.encode(seg.frames),
                 "decode_s": time.perf_counter() - started,
-                "decode_node": node_id(),
+                "decode_node": node,
                 "decode_error": "",  # not None: a column of Nones reaches the VLM stage as float NaN
                 "preview": _preview(seg.frames, seg.timestamps) if seg.index == 0 else b"",
             }
@@ -94,7 +94,7 @@ def decode_and_sample(row: dict, sampling: SamplingConfig) -> Iterator[dict]:
                 "frame_timestamps": [],
                 "frames": [],
                 "decode_s": time.perf_counter() - started,
-                "decode_node": node_id(),
+                "decode_node": node,
                 "decode_error": error,
                 "preview": b"",
             }

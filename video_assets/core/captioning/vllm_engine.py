@@ -10,8 +10,8 @@ Pipeline built by ``build_vllm_processor``::
         ─► ChatTemplate (the model's HF chat template) ─► vLLM engine ─► postprocess (from_vllm_row)
 
 Frames travel as ONE OpenAI ``video_url`` part whose URL is ``data:video/jpeg;base64,<f1>,<f2>,...``
-(vLLM's format for a video given as JPEG frames: the CPU stage's JPEGs, not encoded again), next to the same text part the transformers engine
-sends (frame timestamps + instruction). The frames' timing goes in ``mm_processor_kwargs`` as
+(vLLM's format for a video given as JPEG frames: the CPU stage's JPEGs, not encoded again), next to the
+same text part the transformers engine sends (frame timestamps + instruction). The frames' timing goes in ``mm_processor_kwargs`` as
 ``video_metadata`` (``requests.video_metadata``, the dict the transformers engine builds its
 ``VideoMetadata`` from) with ``do_sample_frames=False``. Not ``fps``: vLLM 0.29's Qwen2-VL parser drops
 both that kwarg and the JPEG loader's ``media_io_kwargs`` metadata, and transformers then assumes 24 fps.

@@ -1,10 +1,11 @@
 """The curation Ray Data job (shape in ``core.inference.stages``).
 
 The CPU stage takes, per video, exactly the frames its captions saw (their JPEGs from sampled_frames; for
-older captions, decoded again at the captions' ``frame_timestamps``: ``frames.caption_frames_at``), scores and judges them (``quality.curate``, over the whole video in time order, so
-duplicates are found across segments) and encodes each kept frame, cropped to its picture, as JPEG. With
-descriptions on, a pool of VLM actors (the captioning engine interface) describes every kept frame as a
-one-frame request; otherwise there is no model stage.
+older captions, decoded again at the captions' ``frame_timestamps``: ``frames.caption_frames_at``), scores
+and judges them (``quality.curate``, over the whole video in time order, so duplicates are found across
+segments) and encodes each kept frame, cropped to its picture, as JPEG. With descriptions on, a pool of VLM
+actors (the captioning engine interface) describes every kept frame as a one-frame request; otherwise
+there is no model stage.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 Frames: the CPU stage takes, per video, exactly the frames its captions saw (their JPEGs from
 sampled_frames; for older captions, decoded again at the captions' ``frame_timestamps``), so a frame hit
-and a caption hit name the same instant; the encoder
-actors embed them (and read on-screen text when OCR is on). Texts: no CPU stage; encoder actors embed
-transcript segments and captions.
+and a caption hit name the same instant; the encoder actors embed them (and read on-screen text when OCR
+is on). Texts: no CPU stage; encoder actors embed transcript segments and captions.
 """
 
 from __future__ import annotations

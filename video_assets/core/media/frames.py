@@ -2,7 +2,7 @@
 
 Raw frames are about 0.6 MB each at the default pixel budget (448 x 448 x 3); a segment's 16 frames are
 about 10 MB, and they used to cross Ray's object store several times. As JPEG at ``QUALITY`` they are
-about 20x smaller; every consumer that needs pixels decodes them (``decode``), and the vLLM and endpoint
+about 15x smaller (``make bench``, section frames); every consumer that needs pixels decodes them (``decode``), and the vLLM and endpoint
 engines put the bytes in their requests as they are. The same bytes are kept in ``sampled_frames``, so
 later stages read the frames the captions saw instead of decoding the video again.
 """
@@ -38,9 +38,12 @@ def decode(jpegs: Sequence[bytes]) -> np.ndarray:
     if len(jpegs) == 0:
         raise ValueError("no frames")
     try:
-        return np.stack([np.asarray(Image.open(io.BytesIO(bytes(b))).convert("RGB")) for b in jpegs])
+        pixels = [np.asarray(Image.open(io.BytesIO(bytes(b))).convert("RGB")) for b in jpegs]
     except (OSError, ValueError) as exc:
         raise ValueError(f"a frame is not a readable image: {exc}") from exc
+    if len({p.shape for p in pixels}) > 1:
+        raise ValueError(f"frames of different sizes: {sorted({p.shape for p in pixels})}")
+    return np.stack(pixels)
 
 
 def is_encoded(frames) -> bool:

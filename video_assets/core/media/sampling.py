@@ -594,20 +594,21 @@ def keyframe_motion(
     with open_container(source, SamplingError) as container:
         stream = _open_stream(container, cfg)
         stream.codec_context.skip_frame = "NONKEY"
-        grey, only_keys = _Grey(), [True]
+        grey, only_keys = _Grey(), True
 
         def keyframes():
+            nonlocal only_keys
             for t, frame in _decode_run(container, stream, info.t0, 0.0, stats):
                 stats["motion_frames_decoded"] += 1
                 if not frame.key_frame:
-                    only_keys[0] = False  # the decoder ignores skip_frame: seek to each keyframe instead
+                    only_keys = False  # the decoder ignores skip_frame: seek to each keyframe instead
                     return
                 if cache is not None:
                     cache.keep(t, frame)
                 yield t, grey(frame)
 
         scores = _scores(keyframes())
-        if only_keys[0]:
+        if only_keys:
             stats["motion"] = "keyframe_only"
             return scores
     keys = info.keyframes
@@ -804,7 +805,7 @@ def sample_times(
     caption saw), decoded again with the same plan rules (seek to the keyframe before, skip what no
     target needs) and the same size and rotation: later stages see exactly what the VLM saw. Returns
     the times of the frames found and the frames; a time past the end of the stream is left out.
-    ``stats``: a dict that gets the decode counters (``frames_decoded``, ...)."""
+    ``stats``: a dict that gets this call's decode counters (``frames_decoded``, ...), replacing its own."""
     if not times:
         return [], np.zeros((0, 1, 1, 3), np.uint8)
     if stats is None:
