@@ -11,7 +11,7 @@ from resources.archive import ArchiveSettings
 from resources.curation import CurationStore
 from resources.mlflow_registry import MlflowRegistry
 from resources.vlm import VlmSettings
-from tests.fixtures.generated_clips import write_gop_clip
+from tests.fixtures.generated_clips import write_clip_with_black_frames, write_gop_clip
 from tests.fixtures.samples import BUNDLED, copy_samples
 from video_assets.core.media import frames
 from video_assets.core.media.sampling import SamplingConfig, SegmentStream, sample_times, sample_video
@@ -62,6 +62,8 @@ def test_embeddings_and_curation_read_the_captions_frames_not_the_video(
     instance, resources, session_ray, volume_dir, tiny_model_cache, tmp_path
 ):
     copy_samples(volume_dir, ["realshort.mp4", "fire2.mp4"])
+    # A black frame (frame 6 of 10 fps) where the 5-frame plan of a 6 s clip has its first target (0.6 s).
+    write_clip_with_black_frames(volume_dir / "flash.mp4", black={6}, frames=60)
     res = {
         **resources,
         "mlflow_registry": MlflowRegistry(
@@ -84,11 +86,17 @@ def test_embeddings_and_curation_read_the_captions_frames_not_the_video(
         meta = result.asset_materializations_for_node("captions")[0].metadata
         # What a segment put through the object store: JPEGs, a fraction of the raw frames (~0.6 MB each).
         assert 0 < meta["frame_mb_per_segment"].value < 0.6
+        screened.append(meta["frames_screened"].value)
         return pl.read_delta(tables.table_uri("captions")).filter(pl.col("status") == "ok")
 
-    tables = res["tables"]
+    tables, screened = res["tables"], []
     caps = caption()
     stored = pl.read_delta(tables.table_uri(SAMPLED_FRAMES))
+    # The black frame went to the engine as the next useful one, and the table says so; nothing else moved.
+    assert screened == [1]
+    assert stored.filter(pl.col("screened").is_not_null()).select("uri", "screened", "screened_from_s").rows() == [
+        (str(volume_dir / "flash.mp4"), "dark", 0.6)
+    ]
     # One row per frame each caption saw, at the caption's times, under the caption's versions.
     want = caps.select("video_id", "segment", "model_version", "prompt_version", "frame_timestamps").explode(
         "frame_timestamps"
@@ -106,7 +114,7 @@ def test_embeddings_and_curation_read_the_captions_frames_not_the_video(
     assert result.success
     for node in ("frame_embeddings", "frames"):
         meta = result.asset_materializations_for_node(node)[0].metadata
-        assert meta["frame_sources"].value == {"sampled_frames": 2, "decoded_again": 0}, node
+        assert meta["frame_sources"].value == {"sampled_frames": 3, "decoded_again": 0}, node
     embedded = pl.read_delta(tables.table_uri("frame_embeddings"))
     curated = pl.read_delta(tables.table_uri("frames"))
     assert (embedded["status"] == "ok").all() and embedded.height == stored.height
@@ -114,6 +122,7 @@ def test_embeddings_and_curation_read_the_captions_frames_not_the_video(
 
     # Captions made again over another plan: the video's stored frames are those of the new captions only.
     copy_samples(volume_dir, ["realshort.mp4", "fire2.mp4"])
+    write_clip_with_black_frames(volume_dir / "flash.mp4", black={6}, frames=60)
     caps = caption(recaption=True, min_frames=2, max_frames=2)
     stored = pl.read_delta(tables.table_uri(SAMPLED_FRAMES))
     assert stored.height == caps["frame_timestamps"].list.len().sum() == 2 * caps.height

@@ -394,6 +394,16 @@ SCHEMAS[SAMPLED_FRAMES] = pa.schema(
         pa.field("model_version", pa.string(), nullable=False, metadata={"doc": "caption model version"}),
         pa.field("prompt_version", pa.int32(), nullable=False, metadata={"doc": "caption prompt version"}),
         pa.field("image", pa.binary(), nullable=False, metadata={"doc": "the frame the model saw, JPEG"}),
+        pa.field(
+            "screened",
+            pa.string(),
+            metadata={"doc": "why the planned frame was screened out (dark, flat, blurry, frozen); null: it was not"},
+        ),
+        pa.field(
+            "screened_from_s",
+            pa.float64(),
+            metadata={"doc": "time of the frame screened out; this row's frame is the nearest useful one after it"},
+        ),
         pa.field("sampled_at", _TS, nullable=False, metadata={"doc": "when written"}),
     ]
 )

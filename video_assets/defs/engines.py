@@ -3,6 +3,7 @@ promotion, the archive stages): which caption model the production alias names (
 by the captions step and the promotion job), which engine runs it, the GPUs it reserves, the Ray job
 of a captioning run and the streaming write of its rows, and the structurer."""
 
+import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -157,6 +158,7 @@ def run_captioning(
     whole: set[str] = set()  # videos every planned segment of which came back
     written = cpu_s = engine_s = delta_s = 0.0
     frame_bytes = 0  # the JPEGs the decode stage sent (what crossed the object store)
+    screened: list[dict] = []  # frames screened before the engine (media.screening), with their video
     first_row_s = None  # Ray Data start-up, actor spawn, model load and the first batch
     nodes: dict[str, set[str]] = {"decode": set(), "engine": set()}  # Ray node ids each stage ran on
     previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
@@ -189,6 +191,8 @@ def run_captioning(
         for stage in nodes:
             if row.get(f"{stage}_node"):
                 nodes[stage].add(row[f"{stage}_node"])
+        if row.get("screened"):
+            screened += [{"uri": row["uri"], "segment": int(row["segment"]), **s} for s in json.loads(row["screened"])]
         if row.get("preview") and len(previews) < PREVIEW_VIDEOS:
             previews.append((row["uri"], len(row.get("frame_timestamps") or []), row["preview"]))
         segments = arrived.setdefault(row["video_id"], {})
@@ -218,6 +222,7 @@ def run_captioning(
         "nodes": {k: sorted(v) for k, v in nodes.items()},
         "previews": previews,
         "frame_bytes": frame_bytes,
+        "screened": screened,
         "service": engine_service(spec),
     }
 
@@ -277,10 +282,13 @@ def sampled_frame_rows(rows: list[dict], stamp: dict, now: datetime) -> list[dic
         images = r.get("frames")
         if r.get("status") != CAPTION_OK or images is None or len(images) != len(r.get("frame_timestamps") or []):
             continue
+        screened = {s["frame"]: s for s in json.loads(r.get("screened") or "[]") if s.get("to_s") is not None}
         for j, (t, image) in enumerate(zip(r["frame_timestamps"], images)):
+            why = screened.get(j, {})
             out.append(
                 {k: r[k] for k in ("video_id", "batch_key", "uri")}
                 | {"segment": int(r["segment"]), "frame": j, "timestamp_s": float(t), "image": bytes(image)}
+                | {"screened": why.get("reason"), "screened_from_s": why.get("from_s")}
                 | {"model_version": str(stamp["model_version"]), "prompt_version": int(stamp["prompt_version"])}
                 | {"sampled_at": now}
             )

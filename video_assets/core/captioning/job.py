@@ -22,6 +22,7 @@ Kept free of Dagster so the stages can be driven and tested with plain Ray.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -79,6 +80,7 @@ def decode_and_sample(row: dict, sampling: SamplingConfig) -> Iterator[dict]:
                 "decode_node": node,
                 "decode_error": "",  # not None: a column of Nones reaches the VLM stage as float NaN
                 "preview": _preview(seg.frames, seg.timestamps) if seg.index == 0 else b"",
+                "screened": json.dumps(seg.screened) if seg.screened else "",
             }
             del seg  # its raw frames go before the next segment is decoded: one segment's pixels held at a time
             done, started = done + 1, time.perf_counter()
@@ -97,6 +99,7 @@ def decode_and_sample(row: dict, sampling: SamplingConfig) -> Iterator[dict]:
                 "decode_node": node,
                 "decode_error": error,
                 "preview": b"",
+                "screened": "",
             }
 
 

@@ -19,6 +19,7 @@ CARRIED_COLUMNS = (
     "decode_node",
     "preview",
     "frames",  # the segment's JPEGs: the captions step keeps them (sampled_frames) for the later stages
+    "screened",  # JSON list of the frames screened before the engine (media.screening); "" for none
 )
 
 

@@ -31,6 +31,7 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
+from video_assets.core.media.screening import ScreenConfig, Screener
 from video_assets.core.media.source import open_container
 from video_assets.core.media.streams import scan_packets, scanned_duration, start_s, stored_duration
 
@@ -77,6 +78,9 @@ class SamplingConfig:
     # FFmpeg decoder threads per video. 1 suits parallel workers holding one CPU each (the Ray decode
     # stage): threading spends 15-40 % more CPU time for the same frames. 0 lets FFmpeg choose.
     decode_threads: int = 1
+    # Frames screened before the engine (``media.screening``; on by default, it never drops a frame): None
+    # samples exactly the planned frames.
+    screen: ScreenConfig | None = ScreenConfig()
 
     def __post_init__(self):
         if self.fps <= 0 or self.min_frames < 1 or self.max_frames < self.min_frames:
@@ -96,6 +100,8 @@ class Segment:
     end_s: float
     timestamps: list[float]
     frames: np.ndarray
+    # Frames screened (``media.screening``): {"frame", "reason", "from_s", "to_s"} each; to_s None: kept.
+    screened: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -417,7 +423,7 @@ def _new_stats() -> dict:
     never come out (a keyframe it holds back when the run ends), and includes what NONREF skipping drops."""
     counters = ("frames_decoded", "packets_decoded", "motion_frames_decoded", "cut_frames_decoded", "seeks")
     return dict.fromkeys(counters, 0) | dict(
-        late_seeks=0, decode_errors=0, keyframes_reused=0, motion=None, regated=False
+        late_seeks=0, decode_errors=0, keyframes_reused=0, frames_screened=0, motion=None, regated=False
     )
 
 
@@ -457,14 +463,63 @@ def _collect(
     return sorted(picks, key=lambda p: p[0])
 
 
-def _iter_collect(container, stream, info, targets, convert, stats, spare, lower, snapped, skip, cache):
+class _Pushback:
+    """A run of (time, frame) that takes back the one frame a look-ahead read too far."""
+
+    def __init__(self, run):
+        self.run, self.back = run, []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.back.pop() if self.back else next(self.run)
+
+    def push(self, item) -> None:
+        self.back.append(item)
+
+
+def _iter_collect(container, stream, info, targets, convert, stats, spare, lower, snapped, skip, cache, screen=None):
     """``_collect``'s picks one at a time, in target order (the fill-in of a stream that ended early last,
-    not in time order); raises ``_Regate`` before any fill-in."""
+    not in time order); raises ``_Regate`` before any fill-in. ``screen`` (a ``screening.Screener``): an exact
+    target's frame that carries no picture gives way to the first useful frame decoded after it, before the
+    next target and within the screener's look-ahead (``_screened``)."""
     taken: list[float] = []  # times of the frames given (the frames themselves are the caller's)
     skipped: deque = deque(maxlen=spare)
     snapped = snapped or [False] * len(targets)
     gate = _Gate() if skip else None
     run, cursor, order = None, -math.inf, 0
+
+    def screened(t: float, frame):
+        """(time, converted) of the frame to give for the exact target ``order`` reached at ``t``."""
+        nonlocal cursor
+        rgb = convert(frame)
+        why, grey = screen.check(rgb)
+        if not why or not screen.cfg.lookahead_frames:
+            screen.given(order, grey, why, t)
+            return t, rgb
+        # Never past the next target (nor into the next segment): that frame is another target's.
+        limit = math.inf
+        if order + 1 < len(targets):
+            limit = targets[order + 1] - (SNAP_EPS_S if snapped[order + 1] else 0.0)
+            if lower and lower[order + 1] > lower[order]:
+                limit = min(limit, lower[order + 1])
+        for _ in range(screen.cfg.lookahead_frames):
+            ahead = next(run, None)
+            if ahead is None:
+                break
+            if ahead[0] >= limit:
+                run.push(ahead)
+                break
+            cursor = ahead[0]
+            other = convert(ahead[1])
+            other_why, other_grey = screen.check(other)
+            if not other_why:
+                stats["frames_screened"] += 1
+                screen.given(order, other_grey, why, t, round(ahead[0], 6))
+                return ahead[0], other
+        screen.given(order, grey, why, t)
+        return t, rgb
 
     def keyframe_pick(target: float) -> bool:
         # A snapped keyframe already taken by the target before it: this one takes the next frame,
@@ -489,7 +544,7 @@ def _iter_collect(container, stream, info, targets, convert, stats, spare, lower
             if gate is not None:
                 gate.skipping = 0
             first = group[0] + SNAP_EPS_S if snapped[order] else group[0]  # landing on the keyframe is in time
-            run, cursor = _start_run(container, stream, info, key, first, stats, gate), -math.inf
+            run, cursor = _Pushback(_start_run(container, stream, info, key, first, stats, gate)), -math.inf
             skipped.clear()
         for i, target in enumerate(group):
             if gate is not None:
@@ -498,8 +553,9 @@ def _iter_collect(container, stream, info, targets, convert, stats, spare, lower
             for t, frame in run:
                 cursor = t
                 if t >= reach and (not taken or t > taken[-1]):
+                    t, rgb = screened(t, frame) if screen is not None and not snapped[order] else (t, convert(frame))
                     taken.append(t)
-                    yield (t, convert(frame), order)
+                    yield (t, rgb, order)
                     break
                 skipped.append((t, frame))
             else:
@@ -730,6 +786,8 @@ class SegmentStream:
         self.rotation: int = 0
         self.decode_stats: dict = _new_stats()
         self._returned = 0  # frames in the segments given so far
+        self._screener: Screener | None = None
+        self._owner: list[int] = []
 
     def __iter__(self) -> Iterator[Segment]:
         began, cfg, stats = time.perf_counter(), self.cfg, self.decode_stats
@@ -750,10 +808,12 @@ class SegmentStream:
                 convert = _Converter(cfg, self._rotation)
                 skip = worth_skipping(len(targets), info.duration_s, stream.average_rate or stream.guessed_rate)
                 args = (container, stream, info, targets, convert, stats, cfg.min_frames, lower, snapped)
+                self._screener = Screener(cfg.screen) if cfg.screen is not None else None
+                self._owner = owner
                 done, held = 0, []  # segments yielded; the next one's picks
                 for skipping in (skip, False):
                     try:
-                        for t, rgb, k in _iter_collect(*args, skipping, cache):
+                        for t, rgb, k in _iter_collect(*args, skipping, cache, self._screener):
                             mine = owner[min(k, len(owner) - 1)]
                             if mine < done:  # a redo (below) decoding again a segment already given
                                 continue
@@ -791,7 +851,22 @@ class SegmentStream:
         self._returned += len(held)
         w, h = convert.size
         frames = np.stack([rgb for _, rgb in held]) if held else np.zeros((0, h, w, 3), np.uint8)
-        return Segment(i, start, end, [t for t, _ in held], frames)
+        times = [t for t, _ in held]
+        return Segment(i, start, end, times, frames, self._screened(i, times))
+
+    def _screened(self, i: int, times: list[float]) -> list[dict]:
+        """Segment ``i``'s screening records, each with the index of its frame in the segment."""
+        if self._screener is None:
+            return []
+        out = []
+        for k, entry in sorted(self._screener.screened.items()):
+            if self._owner[min(k, len(self._owner) - 1)] != i:
+                continue
+            given = entry["to_s"] if entry["to_s"] is not None else entry["from_s"]
+            j = min(range(len(times)), key=lambda n: abs(times[n] - given), default=None)
+            if j is not None:
+                out.append({"frame": j, **entry})
+        return out
 
 
 def sample_times(

@@ -30,6 +30,11 @@ class CaptionsConfig(Config):
         ge=0,
         description="0: exact frames; else a sampled frame may move to a keyframe this many seconds away (cheaper)",
     )
+    screen_frames: bool = Field(
+        default=True,
+        description="Replace a black, blank, smeared or frozen sampled frame with the nearest useful one after it "
+        "(never drops a frame; what was replaced is in sampled_frames.screened)",
+    )
     recaption: bool = Field(default=False, description="Caption again videos already captioned by this model+prompt")
 
     def sampling(self) -> SamplingConfig:
@@ -40,6 +45,7 @@ class CaptionsConfig(Config):
             segment_s=self.segment_s,
             scene_split=self.scene_split,
             keyframe_snap_s=self.keyframe_snap_s,
+            **({} if self.screen_frames else {"screen": None}),
         )
 
 
@@ -172,8 +178,27 @@ def captions(
                 round(stats["frame_bytes"] / max(1, int(stats["requests"])) / 1e6, 3)
             ),
             "output_tokens": MetadataValue.int(int(out.get_column("output_tokens").sum() or 0)),
+            # Frames screened before the engine (core.media.screening): replaced (to_s) or flagged and kept.
+            "frames_screened": MetadataValue.int(sum(s["to_s"] is not None for s in stats["screened"])),
+            **({"screening": MetadataValue.md(_screened_table(stats["screened"]))} if stats["screened"] else {}),
         },
     )
+
+
+def _screened_table(screened: list[dict], limit: int = 50) -> str:
+    """The screened frames as markdown, replaced ones first (at most ``limit`` rows)."""
+    rows = sorted(screened, key=lambda s: (s["to_s"] is None, s["uri"], s["segment"], s["frame"]))
+    lines = [
+        "| video | segment | frame | reason | planned frame at s | replaced by frame at s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in rows[:limit]:
+        to = "kept (no useful frame near)" if s["to_s"] is None else f"{s['to_s']:.3f}"
+        name = printable(s["uri"].rsplit("/", 1)[-1])
+        lines.append(f"| {name} | {s['segment']} | {s['frame']} | {s['reason']} | {s['from_s']:.3f} | {to} |")
+    if len(rows) > limit:
+        lines.append(f"\n{len(rows) - limit} more")
+    return "\n".join(lines)
 
 
 def _thumbnails(previews: list[tuple[str, int, bytes]]) -> str:
