@@ -476,6 +476,24 @@ def test_exact_frames_on_a_long_gop_clip_with_skipping_equal_a_full_decode(tmp_p
     assert stats["regated"] is False
 
 
+def test_snapping_on_an_avi_with_b_frames_lands_on_the_real_keyframes(tmp_path, monkeypatch):
+    # MPEG-4 ASP in AVI, one B-frame between references: AVI's index counts frames in decode order, so an
+    # I-frame shows a frame or two after its index time. Taken as display times, one snapped target landed
+    # on a B-frame decoded without its references (a wrong picture).
+    path = write_gop_clip(tmp_path / "asp.avi", "mpeg4", frames=300, gop=30, size=(320, 240), bframes=1)
+    cfg = SamplingConfig(keyframe_snap_s=1.0, min_frames=12, max_frames=12)
+    keys = generated_times(path, keyframes=True)
+    result = sample_video(path, cfg)
+    seg = result.segments[0]
+    assert_frames_match_full_decode(path, seg)
+    snapped = [t for t in seg.timestamps if any(abs(t - k) < 1e-6 for k in keys)]
+    assert len(snapped) == result.decode_stats["snapped"] >= 9
+    # With the index's times taken as display times (as before), a picture is wrong.
+    monkeypatch.setattr(sampling, "DECODE_TIME_INDEX", ("mp4",))
+    with pytest.raises(AssertionError):
+        assert_frames_match_full_decode(path, sample_video(path, cfg).segments[0])
+
+
 def test_a_clip_shorter_than_the_frame_floor_is_decoded_once(tmp_path, monkeypatch):
     path = write_gop_clip(tmp_path / "short.mp4", "mpeg4", frames=10, gop=250, rate=10)  # 1 s, B-frames
     result = sample_video(path, CFG)

@@ -39,8 +39,9 @@ from video_assets.core.media.streams import scan_packets, scanned_duration, star
 # flags real keyframes. MPEG-PS builds its index while reading and flags nearly every packet.
 INDEXED_FORMATS = ("mp4", "matroska", "avi")
 # Of those, the ones whose index holds decode times: a keyframe's presentation time is its decode time
-# plus a reordering delay that is not constant (HEVC: 0.08 s for the first keyframe, 0.12 s after).
-DECODE_TIME_INDEX = ("mp4",)
+# plus a reordering delay that is not constant (HEVC: 0.08 s for the first keyframe, 0.12 s after). AVI's
+# index counts frames in decode order: with B-frames (MPEG-4 ASP) a keyframe shows 1-2 frames after it.
+DECODE_TIME_INDEX = ("mp4", "avi")
 MOTION_SIZE = (64, 36)  # low-res grey frames for motion scores: enough for cuts and big movement
 MOTION_MAX_POINTS = 512  # seek-based motion fallback: at most this many keyframes are decoded
 MOTION_SHARE = 0.5  # densification: share of the samples placed by motion, the rest stay uniform
