@@ -175,3 +175,38 @@ def test_a_long_video_streams_segment_by_segment_in_bounded_memory(tmp_path):
     at_once = sample_video(clips[30], cfg).segments
     assert [s.timestamps for s in by_stream] == [s.timestamps for s in at_once]
     assert all(np.array_equal(a.frames, b.frames) for a, b in zip(by_stream, at_once))
+
+
+@pytest.mark.slow
+def test_a_long_videos_segments_leave_the_decode_task_a_few_at_a_time(ray_head, dagster_home, tmp_path, monkeypatch):
+    # Ray Data passes a task's output on in blocks (128 MiB by default): one block would hold every segment
+    # of a long video until its last one was decoded. The captions job's blocks are SEGMENT_BLOCK_BYTES.
+    import ray
+
+    from resources.settings import embedded_ray_auth
+    from video_assets.core.captioning import job
+    from video_assets.core.captioning.batch import EngineSpec, JobSpec
+    from video_assets.core.inference.model_cache import ModelFiles
+
+    path = write_gop_clip(tmp_path / "long.mp4", "mpeg4", 2400, 50, rate=10, size=(256, 144))  # 4 minutes
+    spec = JobSpec(
+        SamplingConfig(segment_s=10.0, min_frames=8, max_frames=8),
+        EngineSpec("transformers", ModelFiles(path=str(tmp_path))),
+        "unused",
+    )
+    rows = [{"video_id": "v", "batch_key": "b", "uri": path, "duration_s": None, "rotation": 0}]
+    ray_head.admit(dagster_home)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with embedded_ray_auth():
+        ray.init(address=ray_head.address)
+        try:
+            monkeypatch.setattr(job, "SEGMENT_BLOCK_BYTES", 256 << 10)  # these segments are small (~80 KB)
+            few = job.decoded_segments(rows, spec).materialize()
+            monkeypatch.setattr(job, "SEGMENT_BLOCK_BYTES", 128 << 20)  # Ray's default
+            whole = job.decoded_segments(rows, spec).materialize()
+        finally:
+            ray.shutdown()
+    assert few.count() == whole.count() == 24
+    assert whole.num_blocks() == 1  # the video's 24 segments left the task together
+    assert few.num_blocks() >= 6, few.num_blocks()  # a few segments at a time
+    assert ray.data.DataContext.get_current().target_max_block_size == 128 << 20  # the process's own is untouched

@@ -246,6 +246,16 @@ def test_vllm_processor_config_carries_the_settings():
         assert ek[name] == getattr(defaults, name), name
     overridden = build_processor_config(VllmSettings(model_source="m", engine_kwargs={"max_num_seqs": 2}))
     assert overridden.engine_kwargs["max_num_seqs"] == 2
+    # The frames queued per engine fit frames_in_flight_mb: 64 segments of 16 decoded 448x448 frames (9.6 MB)
+    # a batch, 4096 MB -> 6 batches at once, and Ray Data sends no more than that.
+    segment_mb = 16 * 448 * 448 * 3 / 1e6
+    bounded = build_processor_config(VllmSettings(model_source="m", batch_size=64), segment_mb)
+    assert (bounded.max_concurrent_batches, bounded.max_tasks_in_flight_per_actor) == (6, 6)
+    held = bounded.max_concurrent_batches * 64 * segment_mb
+    assert held <= 4096 < (bounded.max_concurrent_batches + 1) * 64 * segment_mb
+    small = VllmSettings(model_source="m", batch_size=64, frames_in_flight_mb=100)
+    assert build_processor_config(small, segment_mb).max_concurrent_batches == 1  # never 0
+    assert build_processor_config(defaults).max_concurrent_batches == 8  # Ray's default when no plan is known
     # Impossible settings are refused before any engine starts.
     for bad in ({"gpu_memory_utilization": 1.5}, {"tensor_parallel_size": 0}, {"batch_size": 0}):
         with pytest.raises(ValidationError):

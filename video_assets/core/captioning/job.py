@@ -44,6 +44,10 @@ from video_assets.core.media.sampling import SamplingConfig, SegmentStream
 from video_assets.core.vocabulary import CAPTION_OK
 
 DECODE_TASK_RETRIES = 3  # worker deaths only (OOM kill, lost node): decoding is idempotent
+# Ray Data hands a task's output on in blocks of up to 128 MiB (its default): a long video's segments
+# (JPEGs, about 0.35 MB each) would wait in the decode task until all of them were decoded, and reach the
+# engine together. Blocks of this size pass about 20 segments at a time, and bound the task's memory.
+SEGMENT_BLOCK_BYTES = 8 << 20
 
 
 def _preview(frames, timestamps) -> bytes:
@@ -148,6 +152,28 @@ def decode_slots(spec: JobSpec) -> int:
     return cpu_task_slots(spec.cpu_concurrency, spec.vlm_concurrency)
 
 
+def decoded_segments(rows: list[dict], spec: JobSpec):
+    """The job's CPU stage as a Ray Dataset of segment rows, in blocks of at most ``SEGMENT_BLOCK_BYTES``."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    default = context.target_max_block_size
+    context.target_max_block_size = SEGMENT_BLOCK_BYTES  # a Dataset keeps the context it was created under
+    try:
+        ds = ray.data.from_items(rows).repartition(len(rows))  # one video per block: decode spreads wide
+    finally:
+        context.target_max_block_size = default
+    return ds.flat_map(
+        decode_and_sample,
+        fn_kwargs={"sampling": spec.sampling},
+        compute=ray.data.TaskPoolStrategy(size=decode_slots(spec)),
+        num_cpus=1,
+        max_retries=DECODE_TASK_RETRIES,
+        retry_exceptions=False,
+        **({"resources": spec.cpu_resources} if spec.cpu_resources else {}),
+    )
+
+
 def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     """Run the streaming job over ``rows`` (video_id, batch_key, uri, duration_s, rotation).
 
@@ -158,16 +184,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
         return
     import ray.data
 
-    ds = ray.data.from_items(rows).repartition(len(rows))  # one video per block: decode spreads wide
-    ds = ds.flat_map(
-        decode_and_sample,
-        fn_kwargs={"sampling": spec.sampling},
-        compute=ray.data.TaskPoolStrategy(size=decode_slots(spec)),
-        num_cpus=1,
-        max_retries=DECODE_TASK_RETRIES,
-        retry_exceptions=False,
-        **({"resources": spec.cpu_resources} if spec.cpu_resources else {}),
-    )
+    ds = decoded_segments(rows, spec)
     if spec.engine.name == "vllm":
         from video_assets.core.captioning.vllm_engine import build_vllm_processor_for_job
         from video_assets.core.inference.model_cache import place_on_every_node

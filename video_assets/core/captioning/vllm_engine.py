@@ -46,9 +46,10 @@ from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 REQUEST_ID_KEY = "caption_request_id"  # Ray's vLLM stage overwrites "request_id" with its own integer id
 
 
-def build_processor_config(settings: VllmSettings):
-    """The ``ray.data.llm.vLLMEngineProcessorConfig`` for captioning (no vLLM import needed)."""
-    return processor_config(settings, multimodal=True)
+def build_processor_config(settings: VllmSettings, segment_mb: float | None = None):
+    """The ``ray.data.llm.vLLMEngineProcessorConfig`` for captioning (no vLLM import needed); ``segment_mb``
+    bounds the frames queued per engine (``inference.vllm.concurrent_batches``)."""
+    return processor_config(settings, multimodal=True, segment_mb=segment_mb)
 
 
 def video_data_url(jpegs: Sequence[bytes]) -> str:
@@ -120,7 +121,7 @@ def _postprocess(row: dict[str, Any]) -> dict[str, Any]:
     return asdict(from_vllm_row(row))
 
 
-def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=None):
+def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=None, segment_mb: float | None = None):
     """``ray.data.llm.build_processor`` over ``CaptionRequest`` rows (dicts of its fields) by default.
 
     Calling this initialises Ray and reads the model's config (Ray's telemetry); the returned
@@ -140,7 +141,7 @@ def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=No
         return {**to_vllm_row(req, settings.max_new_tokens), "frames": None}
 
     processor = build_processor(
-        build_processor_config(settings),
+        build_processor_config(settings, segment_mb),
         preprocess=preprocess or _pre,
         postprocess=postprocess or _postprocess,
     )
@@ -177,6 +178,8 @@ def build_vllm_processor_for_job(ds, spec):
             out = {**out, "messages": [], ERROR_KEY: error}
         return out  # the row's frames (JPEGs) go on to the result: the captions step keeps them
 
-    processor = build_vllm_processor(settings, preprocess=_pre, postprocess=_job_result)
+    # A segment's frames as Ray's multimodal stage hands them to the engine: decoded, up to the plan's cap.
+    segment_mb = spec.sampling.max_frames * spec.sampling.max_pixels * 3 / 1e6
+    processor = build_vllm_processor(settings, preprocess=_pre, postprocess=_job_result, segment_mb=segment_mb)
     # Ray's error rows bypass the postprocess; shape them too.
     return processor(ds).map(_job_result)

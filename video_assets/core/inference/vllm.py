@@ -36,6 +36,14 @@ class VllmSettings(BaseModel):
         default=1, ge=1, description="Engine replicas (each tensor_parallel_size GPUs); the resource's `concurrency`"
     )
     batch_size: int = Field(default=16, ge=1, description="Rows per Ray Data batch sent to an engine")
+    # Ray's multimodal stage decodes a segment's JPEGs into arrays before the engine; by default an engine
+    # takes 8 batches at once and Ray Data sends it 16 (with batch_size 64 about 1,000 segments, 10 GB of
+    # frames at the default pixel budget). Captioning sizes max_concurrent_batches to this budget.
+    frames_in_flight_mb: int = Field(
+        default=4096,
+        ge=1,
+        description="Decoded frames an engine may have queued, in MB (captioning: sets how many batches it takes at once)",
+    )
     # Ray's CPU stages (chat template, multimodal parsing, tokenize/detokenize) default to the engines'
     # concurrency, i.e. one actor each: too few to keep an engine fed with video requests.
     cpu_stage_max_actors: int = Field(
@@ -95,9 +103,17 @@ def engine_kwargs(settings: VllmSettings, multimodal: bool = True) -> dict[str, 
     }
 
 
-def processor_config(settings: VllmSettings, multimodal: bool = True):
+def concurrent_batches(settings: VllmSettings, segment_mb: float) -> int:
+    """Batches an engine takes at once (Ray Data sends no more) so that ``batch_size`` segments of
+    ``segment_mb`` decoded frames each stay within ``frames_in_flight_mb``: at least 1, at most Ray's 8."""
+    per_batch = settings.batch_size * max(segment_mb, 1e-6)
+    return max(1, min(8, int(settings.frames_in_flight_mb // per_batch)))
+
+
+def processor_config(settings: VllmSettings, multimodal: bool = True, segment_mb: float | None = None):
     """The ``ray.data.llm.vLLMEngineProcessorConfig`` of a stage: video captioning (``multimodal``)
-    or text-only structured outputs."""
+    or text-only structured outputs. ``segment_mb``: a segment's decoded frames at most (max_frames x the
+    pixel budget x 3 bytes); the batches in flight per engine are bounded by ``frames_in_flight_mb``."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
     kwargs = engine_kwargs(settings, multimodal)
@@ -133,7 +149,13 @@ def processor_config(settings: VllmSettings, multimodal: bool = True):
         runtime_env={"env_vars": dict(settings.env_vars)} if settings.env_vars else None,
         chat_template_stage=dict(cpu_stage),
         **stages,
+        **({} if segment_mb is None else _in_flight(concurrent_batches(settings, segment_mb))),
     )
+
+
+def _in_flight(batches: int) -> dict[str, int]:
+    # Ray Data would send each engine actor twice as many batches as it runs (queued in its mailbox).
+    return {"max_concurrent_batches": batches, "max_tasks_in_flight_per_actor": batches}
 
 
 def bounded_engine_retries(processor, stage: str = "vLLMEngineStage"):
