@@ -76,7 +76,12 @@ def ray_auth_token_path() -> Path:
     return dagster_home() / "ray" / "auth_token"
 
 
-def ensure_ray_auth_token(path: Path) -> Path:
+def review_token_path() -> Path:
+    """This instance's reviewer token: the review page's writes (labels) need it (``video-assets review-token``)."""
+    return dagster_home() / "review" / "token"
+
+
+def ensure_secret_file(path: Path) -> Path:
     """Create the token file once, readable by its owner only (0600 from the first byte: O_EXCL with
     the mode, so no window where it is wider); an existing file is narrowed to 0600. Never logged."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -104,7 +109,7 @@ def embedded_ray_auth() -> Iterator[Path | None]:
     if os.environ.get("RAY_ADDRESS"):
         yield None
         return
-    with ray_token_auth(ensure_ray_auth_token(ray_auth_token_path())) as token:
+    with ray_token_auth(ensure_secret_file(ray_auth_token_path())) as token:
         yield token
 
 

@@ -22,7 +22,7 @@ from dagster import materialize
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.ray_service import ray_init_options
-from resources.settings import ensure_ray_auth_token, ray_token_auth
+from resources.settings import ensure_secret_file, ray_token_auth
 from resources.vlm import VlmSettings
 from tests.fixtures.processes import free_port
 from tests.fixtures.samples import copy_samples
@@ -52,7 +52,7 @@ def two_node_cluster():
     # A short folder: Ray's unix sockets live under it and their paths are length-limited.
     temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
     port, client_port = free_port(), free_port()
-    token = ensure_ray_auth_token(Path(temp_dir) / "auth_token")
+    token = ensure_secret_file(Path(temp_dir) / "auth_token")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     env.pop("RAY_AUTH_TOKEN", None)
     common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
@@ -186,7 +186,7 @@ def test_captions_run_on_both_nodes_with_shipped_code(
 DRIVER = """
 import json, ray
 from resources.ray_service import ray_init_options
-from resources.settings import ensure_ray_auth_token, ray_token_auth
+from resources.settings import ensure_secret_file, ray_token_auth
 
 ray.init(**ray_init_options())
 

@@ -22,8 +22,9 @@ from tests.fixtures.processes import free_port, stop
 from tests.fixtures.samples import REPO, copy_samples
 from tests.test_search import caption_embeddings
 from video_assets.core.embeddings.text import TextEncoder
+from video_assets.core.routing import split
 from video_assets.core.search import index as ix
-from video_assets.core.tables import RAW_VIDEOS, to_arrow
+from video_assets.core.tables import KEYS, RAW_VIDEOS, REVIEW_QUEUE, to_arrow
 
 CLIPS = ["sam2_04_coffee.mp4", "fire2.mp4", "chaplin.mp4", "bottle-detection.mp4"]
 START_S, END_S = 2.0, 6.0  # the captions' time range: a click must play from START_S
@@ -71,10 +72,14 @@ def server(tmp_path_factory):
     raw.append({**raw[0], "video_id": GONE_ID, "uri": str(gone), "size_bytes": gone.stat().st_size})
     gone.unlink()
     tables.merge(RAW_VIDEOS, to_arrow(RAW_VIDEOS, raw), ["video_id"])
+    _review_queue(tables, {c["file"]: (c["sha256"], str(paths[c["file"]])) for c in clips}, now)
+    from resources.settings import ensure_secret_file
+
+    token_file = ensure_secret_file(root / "review" / "token")
     port = free_port()
     log = open(root / "server.log", "w")
     cmd = [sys.executable, "-m", "video_assets.service", "--index", index_uri, "--text-model", str(model)]
-    cmd += ["--tables", tables.root_uri, "--port", str(port)]
+    cmd += ["--tables", tables.root_uri, "--port", str(port), "--review-token-file", str(token_file)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -89,12 +94,42 @@ def server(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, "service did not answer in 90 s"
             time.sleep(0.5)
-        yield {"url": url, "clips": clips, "pid": proc.pid, "root": str(root)}
+        yield {
+            "url": url,
+            "clips": clips,
+            "pid": proc.pid,
+            "root": str(root),
+            "token": token_file.read_text().strip(),
+            "tables": tables,
+        }
     finally:
         stop(proc, grace_s=20)
         log.close()
         with pytest.raises(ProcessLookupError):
             os.kill(proc.pid, 0)  # gone (reaped)
+
+
+# What structuring answered on three clips (the review page's queue): unsure on the coffee clip (the golden
+# label: confirmed, a person lifts a kettle 0-2 s), a bare "possible" on fire2, nothing parsable on chaplin.
+ANSWERS = {
+    "sam2_04_coffee.mp4": {"status": "parsed", "verdict": "suspected", "confidence": 0.4, "events": [
+        {"start_s": 0.0, "end_s": 1.5, "actor": "person", "action": "lift", "object": "kettle"}]},
+    "fire2.mp4": {"status": "retried", "verdict": "possible", "confidence": None, "events": []},
+    "chaplin.mp4": {"status": "unparsed", "verdict": None, "confidence": None, "events": []},
+}  # fmt: skip
+
+
+def _review_queue(tables, clips: dict[str, tuple[str, str]], now) -> None:
+    """review_queue rows routed by the product's own routing (core.routing.split) from structured rows."""
+    rows = [
+        {"video_id": clips[f][0], "segment": 0, "use_case": "object_handling", "model_version": "1"}
+        | {"prompt_version": 1, "use_case_version": "u1", "structurer": "s", "batch_key": "b1", "uri": clips[f][1]}
+        | {"caption_digest": "d", "segment_start_s": 0.0, "segment_end_s": 8.0, **answer}
+        for f, answer in ANSWERS.items()
+    ]
+    _, review = split(rows, 0.7, {(r["video_id"], 0): f"caption of {r['uri']}" for r in rows})
+    review = [{**r, "routed_at": now} for r in review]
+    tables.merge(REVIEW_QUEUE, to_arrow(REVIEW_QUEUE, review), KEYS[REVIEW_QUEUE])
 
 
 def test_missing_index_fails_fast_with_what_to_run(tmp_path):
@@ -274,3 +309,115 @@ def test_browser_search_and_play(server):
             page.screenshot(path=str(SCREENSHOTS / "search.png"), full_page=True)
         finally:
             browser.close()
+
+
+REVIEW = "/api/review/labels?use_case=object_handling"
+
+
+def post_label(server, body: dict, **headers) -> tuple[int, dict]:
+    base = {"Content-Type": "application/json", "X-Review-Token": server["token"]}
+    status, raw = send(server["url"] + REVIEW, "POST", json.dumps(body).encode(), {**base, **headers})
+    return status, json.loads(raw)
+
+
+def test_review_queue_and_who_may_write(server):
+    url = server["url"]
+    status, _, body = get(f"{url}/api/review/queue?use_case=object_handling")
+    assert status == 200
+    items = json.loads(body)["items"]
+    # Low confidence first, then unparsed, then the rest.
+    assert [i["uri"].rsplit("/", 1)[1] for i in items] == ["sam2_04_coffee.mp4", "chaplin.mp4", "fire2.mp4"]
+    assert [i["tier"] for i in items] == ["low confidence", "unparsed", "other"]
+    assert get(f"{url}/api/review/queue?use_case=nope")[0] == 404
+    assert get(f"{url}/review")[0] == 200
+    good = {"label_id": "refused-0001", "item_id": items[0]["item_id"], "action": "save", "reviewer": "ann"}
+    good |= {"verdict": "confirmed", "events": [ANSWERS["sam2_04_coffee.mp4"]["events"][0]]}
+    refused = [
+        ({"X-Review-Token": ""}, good, 401),
+        ({"X-Review-Token": "0" * 64}, good, 401),
+        ({"Origin": "http://evil.example"}, good, 403),
+        ({"Sec-Fetch-Site": "cross-site"}, good, 403),
+        ({"Content-Type": "text/plain"}, good, 415),
+        ({}, good | {"events": [{**good["events"][0], "end_s": -1}]}, 422),
+        ({}, good | {"verdict": "definitely"}, 422),
+        ({}, good | {"reviewer": "<script>"}, 422),
+        ({}, good | {"item_id": "f" * 16}, 404),
+    ]
+    for headers, body, code in refused:
+        status, answer = post_label(server, body, **headers)
+        assert status == code, (headers, status, answer)
+        assert answer["detail"] and server["token"] not in json.dumps(answer)
+    # Nothing was written by any of them.
+    assert json.loads(get(f"{url}/api/review/labels?use_case=object_handling")[2])["count"] == 0
+
+
+def test_browser_review_corrects_a_label_that_reaches_the_golden_set(server):
+    from dagster import materialize
+
+    from video_assets.core.evaluation.metrics import score_use_case, video_predictions
+    from video_assets.core.tables import GOLDEN_SET, SCHEMAS
+    from video_assets.defs.evaluation.assets import golden_set
+
+    sync_api = playwright_sync_api()
+    url, tables = server["url"], server["tables"]
+    assert materialize([golden_set], resources={"tables": tables}).success
+    before = tables.read(GOLDEN_SET, SCHEMAS[GOLDEN_SET]).filter(ix.pl.col("use_case") == "object_handling")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url + "/review")
+            page.fill("#reviewer", "ann")
+            page.fill("#token", server["token"])
+            sync_api.expect(page.locator("#queue li")).to_have_count(3)
+            sync_api.expect(page.locator("#where")).to_contain_text("sam2_04_coffee.mp4")
+            # The clip plays at the model's evidence (0-1.5 s).
+            page.wait_for_function("() => document.getElementById('video').readyState >= 1", timeout=30000)
+            t = page.evaluate("() => document.getElementById('video').currentTime")
+            assert 0 <= t <= 1.75, t
+            page.click("#excerpt")  # focus off the text fields, as a reviewer watching the clip
+            page.keyboard.press("c")  # keyboard: confirmed
+            assert page.is_checked("input[name=verdict][value=confirmed]")
+            page.fill("#events tr:first-child input[name=end_s]", "3.0")
+            page.click("#save")
+            sync_api.expect(page.locator("#status")).to_contain_text("saved: corrected")
+            # The next item opens; the decided one has left the queue.
+            sync_api.expect(page.locator("#queue li")).to_have_count(2)
+            sync_api.expect(page.locator("#where")).to_contain_text("chaplin.mp4")
+            page.screenshot(path=str(SCREENSHOTS / "review.png"), full_page=True)
+        finally:
+            browser.close()
+    saved = json.loads(get(f"{url}/api/review/labels?use_case=object_handling")[2])
+    assert saved["count"] == 1
+    label = saved["labels"][0]
+    assert (label["decision"], label["verdict"], label["reviewer"]) == ("corrected", "confirmed", "ann")
+    assert label["events"][0]["end_s"] == 3.0 and label["model_verdict"] == "suspected"
+    # A double submit (the same save sent again) leaves one label.
+    again = {"label_id": label["label_id"], "item_id": label["item_id"], "action": "save", "reviewer": "ann"}
+    again |= {"verdict": "confirmed", "events": label["events"]}
+    assert post_label(server, again) == (
+        200,
+        {"saved": False, "label_id": label["label_id"], "detail": "already saved (a repeated submit)"},
+    )
+    assert json.loads(get(f"{url}/api/review/labels?use_case=object_handling")[2])["count"] == 1
+    # golden_set takes the label: a new labels version, the clip's reviewed label replacing the shipped one.
+    assert materialize([golden_set], resources={"tables": tables}).success
+    after = tables.read(GOLDEN_SET, SCHEMAS[GOLDEN_SET]).filter(ix.pl.col("use_case") == "object_handling")
+    assert after["labels_version"][0] != before["labels_version"][0] and after.height == before.height
+    coffee = after.filter(ix.pl.col("file") == "sam2_04_coffee.mp4").to_dicts()[0]
+    assert (coffee["source"], coffee["replaces_shipped"], coffee["reviewed_by"]) == ("reviewed", True, "ann")
+    assert coffee["events"][0]["end_s"] == 3.0 and coffee["conflicts"]
+    # The score follows the correction: a prediction of 0-3 s now matches the label exactly.
+    vid = coffee["video_id"]
+    predicted = video_predictions(
+        [{"video_id": vid, "segment": 0, "status": "parsed", "verdict": "confirmed", "confidence": 0.9}
+         | {"events": [{"start_s": 0.0, "end_s": 3.0, "actor": "person", "action": "lift", "object": "kettle"}]}]
+    )  # fmt: skip
+    scores = [
+        score_use_case([g for g in df.to_dicts() if g["video_id"] == vid], predicted, 0.3, 10) for df in (before, after)
+    ]
+    ious = [s["metrics"]["mean_iou"] for s in scores]
+    assert ious == [pytest.approx(2 / 3), pytest.approx(1.0)], ious
+    exported = get(f"{url}/api/review/export?use_case=object_handling&reviewed_only=true")
+    assert exported[0] == 200 and json.loads(exported[2].decode().strip())["events"][0]["end_s"] == 3.0

@@ -306,6 +306,13 @@ def ray_service_command(args) -> int:
     return 0
 
 
+def _review_token() -> str:
+    """This instance's reviewer token, created once (0600) under DAGSTER_HOME."""
+    from resources.settings import ensure_secret_file, review_token_path
+
+    return ensure_secret_file(review_token_path()).read_text().strip()
+
+
 def serve_command(args) -> int:
     """The search service on this instance's index, with the text and frame encoders behind the alias
     (downloaded from MLflow once, like a step does); fails fast when the index does not exist yet."""
@@ -345,8 +352,10 @@ def serve_command(args) -> int:
     # The ask box's LLM (LLM_BASE_URL); none configured: deterministic plans and extractive answers.
     llm = built["llm"].process_config_and_initialize().client()
     print(f"search index {index.uri}; LLM {llm.base_url if llm else 'none (extractive answers)'}")
-    print(f"serving on http://{args.host}:{args.port}/")
-    serve(create_app(searcher, tables=res["tables"], volume=res["volume"], llm=llm), args.host, args.port)
+    print(f"serving on http://{args.host}:{args.port}/ (review page: /review; its token: video-assets review-token)")
+    token = _review_token()
+    app = create_app(searcher, tables=res["tables"], volume=res["volume"], llm=llm, review_token=token)
+    serve(app, args.host, args.port)
     return 0
 
 
@@ -418,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="one per engine group the cluster's GPUs hold (RAY_ADDRESS; vlm concurrency x tensor_parallel_size GPUs each)",
     )
+    sub.add_parser("review-token", help="print this instance's reviewer token (the review page's writes need it)")
     srv = sub.add_parser("serve", help="the search service and web page (run `make demo` first)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     srv.add_argument("--port", type=int, default=8300)
@@ -438,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         return pools_command(args)
     if args.command == "serve":
         return serve_command(args)
+    if args.command == "review-token":
+        print(_review_token())  # to the person at the terminal; never to a log
+        return 0
     if args.command in ("register", "demo") and (problems := preflight()):
         for problem in problems:
             print(f"video-assets {args.command}: {problem}", file=sys.stderr)

@@ -33,6 +33,7 @@ TEXT_EMBEDDINGS = "text_embeddings"
 VIDEO_SUMMARIES = "video_summaries"
 CURATED_FRAMES = "frames"
 SAMPLED_FRAMES = "sampled_frames"
+REVIEW_LABELS = "review_labels"
 # What the promotion job makes to judge a challenger against production on a golden set: tables of their
 # own (the captions, structured_events and eval_scores schemas), so the pipeline's tables hold only what
 # their own assets wrote.
@@ -210,6 +211,19 @@ SCHEMAS: dict[str, pa.Schema] = {
                 metadata={"doc": "expected events"},
             ),
             pa.field("reference_caption", pa.string(), metadata={"doc": "a person's timestamped description"}),
+            pa.field("source", pa.string(), metadata={"doc": "shipped (the use case's golden.jsonl) | reviewed"}),
+            pa.field(
+                "replaces_shipped",
+                pa.bool_(),
+                metadata={"doc": "a reviewed label that replaces the shipped label of the same clip"},
+            ),
+            pa.field("reviewed_by", pa.string(), metadata={"doc": "reviewer of a reviewed label"}),
+            pa.field("label_id", pa.string(), metadata={"doc": "review_labels row of a reviewed label"}),
+            pa.field(
+                "conflicts",
+                pa.string(),
+                metadata={"doc": "JSON: other labels of the clip that disagree with this one (null: none)"},
+            ),
         ]
     ),
     STRUCTURED_EVENTS: pa.schema(
@@ -407,6 +421,25 @@ SCHEMAS[SAMPLED_FRAMES] = pa.schema(
         pa.field("sampled_at", _TS, nullable=False, metadata={"doc": "when written"}),
     ]
 )
+# A reviewer's decision on a review_queue item (the review page): what the model said and what the person
+# said. Keyed by the page's submission id, so a double submit is one row.
+SCHEMAS[REVIEW_LABELS] = pa.schema(
+    [
+        pa.field("label_id", pa.string(), nullable=False, metadata={"doc": "submission id (one per save)"}),
+        pa.field("item_id", pa.string(), nullable=False, metadata={"doc": "the review_queue row (its key's hash)"}),
+        *_STRUCT_KEY,
+        pa.field("uri", pa.string(), metadata={"doc": "the video"}),
+        pa.field("model_verdict", pa.string(), metadata={"doc": "what the model said; null if unparsed"}),
+        pa.field("model_confidence", pa.float64(), metadata={"doc": "the model's confidence"}),
+        pa.field("model_events", pa.list_(_EVENT), metadata={"doc": "the model's events"}),
+        pa.field("decision", pa.string(), nullable=False, metadata={"doc": "confirmed | corrected | skipped"}),
+        pa.field("verdict", pa.string(), metadata={"doc": "the person's verdict for the video; null if skipped"}),
+        pa.field("events", pa.list_(_EVENT), metadata={"doc": "the person's events (seconds in the video)"}),
+        pa.field("reviewer", pa.string(), nullable=False, metadata={"doc": "who decided"}),
+        pa.field("note", pa.string(), metadata={"doc": "the reviewer's note"}),
+        pa.field("labelled_at", _TS, nullable=False, metadata={"doc": "when saved"}),
+    ]
+)
 SCHEMAS[CURATED_FRAMES] = pa.schema(
     _VIDEO
     + [
@@ -484,6 +517,7 @@ KEYS: dict[str, list[str]] = {
     VIDEO_SUMMARIES: ["video_id", "summarizer"],
     CURATED_FRAMES: ["video_id", "segment", "frame", "curation_version"],
     SAMPLED_FRAMES: ["video_id", "segment", "frame", "model_version", "prompt_version"],
+    REVIEW_LABELS: ["label_id"],
 }
 
 

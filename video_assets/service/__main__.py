@@ -18,6 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tables", default=None, help="Delta tables root (raw_videos: thumbnails and files)")
     p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible endpoint for /api/ask (default: none)")
     p.add_argument("--llm-model", default="", help="model the endpoint serves (default: the first it lists)")
+    p.add_argument(
+        "--review-token-file",
+        default=None,
+        help="file holding the reviewer token the review page's writes need (default: none, writes refused)",
+    )
     p.add_argument("--host", default=DEFAULT_HOST)
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     args = p.parse_args(argv)
@@ -35,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from video_assets.service.app import create_app
 
     llm = LlmClient(args.llm_base_url, args.llm_model) if args.llm_base_url else None
-    serve(create_app(searcher, tables=tables, llm=llm), args.host, args.port)
+    token = open(args.review_token_file).read().strip() if args.review_token_file else None
+    serve(create_app(searcher, tables=tables, llm=llm, review_token=token), args.host, args.port)
     return 0
 
 

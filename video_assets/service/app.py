@@ -99,8 +99,8 @@ class Videos:
 
 def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
     """The app: ``app.state.searcher`` is ``searcher``, every extra keyword is stored on ``app.state``
-    (the ask router reads ``app.state.llm``); ``video_assets.service.ask.router`` is mounted when that
-    module exists."""
+    (the ask router reads ``app.state.llm``, the review router ``app.state.review_token``: without one,
+    review writes are refused)."""
     app = FastAPI(
         title="video-assets search",
         description="Hybrid search over the video archive's transcripts, captions, frames and events.",
@@ -282,6 +282,9 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
     from video_assets.service.ask import router as ask_router  # imports the agent: only with the app
 
     app.include_router(ask_router)
+    from video_assets.service.review import router as review_router
+
+    app.include_router(review_router)
 
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:

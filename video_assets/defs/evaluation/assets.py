@@ -23,7 +23,8 @@ from video_assets.core.charts import markdown_image
 from video_assets.core.evaluation.golden import golden_rows as label_rows
 from video_assets.core.evaluation.golden import label_files, load_labels
 from video_assets.core.previews import markdown_table
-from video_assets.core.tables import EVAL_SCORES, GOLDEN_SET, SCHEMAS, STRUCTURED_EVENTS, to_arrow
+from video_assets.core.review.labels import REVIEWED, golden_with_reviews
+from video_assets.core.tables import EVAL_SCORES, GOLDEN_SET, REVIEW_LABELS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadata
 from video_assets.defs.engines import structurer_id
 from video_assets.defs.lineage import upstream_pair
@@ -34,19 +35,30 @@ from video_assets.defs.scoring import evaluate_candidate
 @asset(
     **stage_asset("evaluation", GOLDEN_SET),
     retry_policy=TRANSIENT_RETRY,
-    description="Person-written labels of every use case (video_assets/usecases/<name>/golden.jsonl), "
-    "matched to videos by content hash; the labels_version is the file's hash.",
+    description="Person-written labels of every use case (video_assets/usecases/<name>/golden.jsonl) plus "
+    "the review page's labels (review_labels: the latest per video wins over a shipped label and says so), "
+    "matched to videos by content hash; the labels_version hashes the file and the reviewed labels.",
 )
 def golden_set(context: AssetExecutionContext, tables: DeltaTables) -> MaterializeResult:
-    rows, versions = [], {}
+    rows, versions, conflicts = [], {}, []
+    reviewed = tables.read(REVIEW_LABELS, SCHEMAS[REVIEW_LABELS]).to_dicts()
     for use_case, path in label_files().items():
         try:
-            records, version = load_labels(path)
+            records, shipped_version = load_labels(path)
         except ValueError as exc:
             raise Failure(str(exc), allow_retries=False) from exc
+        merged = golden_with_reviews(
+            use_case, label_rows(use_case, records, shipped_version), shipped_version, reviewed
+        )
+        version = merged[0]["labels_version"] if merged else shipped_version
         versions[use_case] = version
-        rows += label_rows(use_case, records, version)
-        context.log.info(f"{use_case}: {len(records)} labelled videos, labels version {version}")
+        rows += merged
+        conflicts += [{k: r[k] for k in ("use_case", "file", "verdict", "conflicts")} for r in merged if r["conflicts"]]
+        n_reviewed = sum(r["source"] == REVIEWED for r in merged)
+        context.log.info(
+            f"{use_case}: {len(merged)} labelled videos ({n_reviewed} reviewed, "
+            f"{sum(r['replaces_shipped'] for r in merged)} replacing a shipped label), labels version {version}"
+        )
     # The table holds exactly the current labels (a removed record must not linger), replaced in one
     # commit so that a crash never leaves a use case without labels.
     if versions:
@@ -57,6 +69,13 @@ def golden_set(context: AssetExecutionContext, tables: DeltaTables) -> Materiali
         metadata={
             **table_metadata(tables.table_uri(GOLDEN_SET), out, out.height, ["use_case", "file", "verdict"]),
             "labels_versions": MetadataValue.json(versions),
+            "reviewed_labels": MetadataValue.int(int((out.get_column("source") == REVIEWED).sum())),
+            # Labels of one clip that disagree: shown, never merged silently (the latest review is used).
+            "label_conflicts": MetadataValue.md(
+                markdown_table(pl.DataFrame(conflicts), ["use_case", "file", "verdict", "conflicts"])
+            )
+            if conflicts
+            else MetadataValue.text("none"),
             "verdict_counts": MetadataValue.json(dict(out.group_by("verdict").len().sort("verdict").iter_rows())),
         },
     )

@@ -1,0 +1,88 @@
+"""The review queue as a person works it: ranked, each item with what the model said and where to look.
+Pure (polars in, dicts out): the service reads the tables and hands them here.
+
+Order: rows with a confidence, lowest first (the model was unsure); then rows the challenger answers
+differently (``candidate_events``: the same segment and use case, another verdict); then unparsed rows (the
+model could not answer); then the rest (verdict-only retries). Items a person already confirmed or corrected
+are left out; items skipped go to the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import polars as pl
+
+# The key of a review_queue row (the structuring key): one item each.
+ITEM_KEY = ("video_id", "segment", "use_case", "model_version", "prompt_version", "use_case_version", "structurer")
+LOW_CONFIDENCE, DISAGREES, UNPARSED, OTHER = 0, 1, 2, 3
+TIERS = {LOW_CONFIDENCE: "low confidence", DISAGREES: "challenger disagrees", UNPARSED: "unparsed", OTHER: "other"}
+
+
+def item_id(row: dict) -> str:
+    """A stable id of a review_queue row: its key's hash (16 hex)."""
+    return hashlib.sha256("\x1f".join(str(row[k]) for k in ITEM_KEY).encode()).hexdigest()[:16]
+
+
+def ranked(
+    queue: pl.DataFrame,
+    use_case: str,
+    labels: pl.DataFrame | None = None,
+    challenger: pl.DataFrame | None = None,
+) -> list[dict]:
+    """The ``use_case``'s review_queue rows as items, in review order (see the module doc). ``labels``:
+    review_labels rows; ``challenger``: candidate_events rows of the challenger (any versions)."""
+    if queue.is_empty():
+        return []
+    rows = queue.filter(pl.col("use_case") == use_case).to_dicts()
+    decided: dict[str, str] = {}
+    if labels is not None and not labels.is_empty():
+        for r in labels.filter(pl.col("use_case") == use_case).sort("labelled_at").to_dicts():
+            decided[r["item_id"]] = r["decision"]
+    other: dict[tuple, set] = {}
+    if challenger is not None and not challenger.is_empty():
+        for r in challenger.filter(pl.col("use_case") == use_case).select("video_id", "segment", "verdict").to_dicts():
+            other.setdefault((r["video_id"], r["segment"]), set()).add(r["verdict"])
+    items = []
+    for r in rows:
+        iid = item_id(r)
+        if decided.get(iid) in ("confirmed", "corrected"):
+            continue
+        theirs = other.get((r["video_id"], r["segment"]), set()) - {r["verdict"]}
+        if r.get("verdict") is None:
+            tier = UNPARSED
+        elif r.get("confidence") is not None:
+            tier = LOW_CONFIDENCE
+        elif theirs:
+            tier = DISAGREES
+        else:
+            tier = OTHER
+        items.append(
+            {
+                "item_id": iid,
+                **{k: r[k] for k in ITEM_KEY},
+                "uri": r.get("uri"),
+                "batch_key": r.get("batch_key"),
+                "tier": TIERS[tier],
+                "reason": r.get("reason"),
+                "verdict": r.get("verdict"),
+                "confidence": r.get("confidence"),
+                "events": list(r.get("events") or []),
+                "start_s": r.get("start_s"),
+                "end_s": r.get("end_s"),
+                "excerpt": r.get("excerpt"),
+                "challenger_verdicts": sorted(v for v in theirs if v is not None),
+                "skipped": decided.get(iid) == "skipped",
+                "_order": (
+                    decided.get(iid) == "skipped",
+                    tier,
+                    r.get("confidence") or 0.0,
+                    r["video_id"],
+                    r["segment"],
+                ),
+            }
+        )
+    items.sort(key=lambda i: i["_order"])
+    for i in items:
+        del i["_order"]
+    return items
