@@ -154,3 +154,67 @@ def test_score_use_case_perfect_and_partial():
 def test_score_use_case_with_no_predictions():
     s = score_use_case(_golden(), {}, n_boot=10)
     assert s["scored_videos"] == 0 and s["metrics"]["coverage"] == 0.0 and len(s["missing"]) == 4
+
+
+# -- the promotion gate: a paired bootstrap over the golden videos -----------------------------------
+
+
+def _gate_inputs(flip: set[str] = frozenset()):
+    """The object_handling golden set, a production that answers every label right, and a challenger that
+    answers right but for the files in ``flip`` (confirmed -> none, none -> confirmed)."""
+    from video_assets.core.evaluation.golden import golden_rows, label_files, load_labels
+    from video_assets.core.evaluation.metrics import Event
+
+    records, version = load_labels(label_files()["object_handling"])
+    golden = golden_rows("object_handling", records, version)
+
+    def answer(g, flipped):
+        verdict = g["verdict"]
+        if flipped:
+            verdict = "none" if verdict != "none" else "confirmed"
+        events = [Event(e["start_s"], e["end_s"], e["action"], e["object"]) for e in g["events"]]
+        return {"verdict": verdict, "events": [] if verdict == "none" else events, "answered": True}
+
+    production = {g["video_id"]: answer(g, False) for g in golden}
+    challenger = {g["video_id"]: answer(g, g["file"] in flip) for g in golden}
+    return golden, production, challenger
+
+
+def test_the_gate_promotes_an_equal_challenger_and_records_its_intervals():
+    from video_assets.core.evaluation.gate import GATED, PROMOTE, paired_gate
+
+    golden, production, _ = _gate_inputs()
+    out = paired_gate(golden, production, production, tolerance=0.02, n_boot=50)
+    assert out["decision"] == PROMOTE and out["videos"] == len(golden) == 24
+    assert set(out["intervals"]) == set(GATED)
+    assert all(i["low"] == i["high"] == i["difference"] == 0 for i in out["intervals"].values())
+
+
+def test_the_gate_rejects_a_challenger_that_flips_labelled_clips():
+    from video_assets.core.evaluation.gate import REJECT, paired_gate
+
+    flips = {"sam2_01_dog.mp4", "sam2_02_cups.mp4", "bottle-detection.mp4"}
+    golden, production, challenger = _gate_inputs(flips)
+    out = paired_gate(golden, production, challenger, tolerance=0.02, n_boot=50)
+    assert out["decision"] == REJECT and "flagged_f1" in out["reason"]
+    flagged = out["intervals"]["flagged_f1"]
+    assert flagged["production"] == 1.0 and flagged["challenger"] < 1.0
+    assert flagged["low"] <= flagged["difference"] <= flagged["high"] <= 0
+
+
+def test_the_gate_weighs_the_noise_of_few_clips_and_refuses_to_decide_on_too_few():
+    from video_assets.core.evaluation.gate import REJECT, UNDECIDED, paired_gate
+
+    # One clip of 24 answered differently: flagged F1 drops 0.09, within a tolerance of 0.15 (a point
+    # comparison would promote), but with 8 flagged clips the paired interval at 90% reaches a 0.33 drop.
+    golden, production, challenger = _gate_inputs({"sam2_01_dog.mp4"})
+    out = paired_gate(golden, production, challenger, tolerance=0.15, n_boot=200)
+    flagged = out["intervals"]["flagged_f1"]
+    assert -0.15 < flagged["difference"] < 0 and flagged["low"] < -0.15
+    assert out["decision"] == REJECT and "flagged_f1" in out["reason"]
+    # Three labelled clips: no decision, whatever they say (and the intervals are still recorded).
+    out = paired_gate(golden[:3], production, production, tolerance=0.02, n_boot=20)
+    assert out["decision"] == UNDECIDED and out["videos"] == 3 and "min_videos=10" in out["reason"]
+    assert out["intervals"]
+    nothing = paired_gate(golden, {}, production, tolerance=0.02, n_boot=20)
+    assert nothing["decision"] == UNDECIDED and nothing["videos"] == 0

@@ -14,6 +14,7 @@ from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
 from tests.fixtures.samples import copy_samples
 from tests.fixtures.tiny_models import build_tiny_vlm
+from video_assets.core.evaluation.gate import GATED
 from video_assets.core.routing import route
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.definitions import defs
@@ -216,11 +217,28 @@ def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_p
     request = challenger_sensor(build_sensor_context(instance=instance, resources=sensor_res))
     assert request.run_key == "model-2-prompt-None"
 
-    run_config = {"ops": {"promotion": {"config": {"bootstrap": 20, "max_frames": 4, "min_frames": 2}}}}
+    # Three labelled clips are too few for the gate (min_videos 10 by default): it says so, promotes nothing,
+    # and leaves the challenger in place for a decision with more labels (or force).
+    small = {"bootstrap": 20, "max_frames": 4, "min_frames": 2}
+    undecided = defs.resolve_job_def("promote_challenger").execute_in_process(
+        instance=instance, resources=challenger, run_config={"ops": {"promotion": {"config": small}}}
+    )
+    out = _decision(undecided)
+    assert undecided.success and out["promoted"].value is False and out["gate"].value == "undecided"
+    assert "3 golden videos" in out["reason"].value and set(out["intervals"].value) == set(GATED)
+    assert str(client.get_model_version_by_alias("video-captioner", "challenger").version) == "2"
+    assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "1"
+    # Forced: promoted although undecided (and the row says so).
+    forced = {"ops": {"promotion": {"config": {**small, "force": True}}}}
     better = defs.resolve_job_def("promote_challenger").execute_in_process(
-        instance=instance, resources=challenger, run_config=run_config
+        instance=instance, resources=challenger, run_config=forced
     )
     assert better.success and _decision(better)["promoted"].value is True
+    assert "promoted anyway: force" in _decision(better)["reason"].value
+    # The paired intervals: flagged F1 0 -> 0.8 on these clips, but 3 clips resampled say anything from -1 to +1.
+    flagged = _decision(better)["intervals"].value["flagged_f1"]
+    assert (flagged["production"], flagged["challenger"]) == (0.0, pytest.approx(0.8))
+    assert flagged["low"] < 0 < flagged["high"]
     # The job writes only tables of its own, each a materialisation: the pipeline's tables are untouched.
     written = {
         m.asset_key.to_user_string()
@@ -230,9 +248,15 @@ def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_p
     assert written == {"candidate_captions", "candidate_events", "candidate_scores", "promotion_decisions"}
     assert not base["tables"].exists("captions") and not base["tables"].exists("eval_scores")
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "2"
-    decisions = read(base, "promotion_decisions")
-    assert decisions.height == 1 and decisions["promoted"][0]
-    scores = read(base, "candidate_scores")
+    decisions = read(base, "promotion_decisions").sort("decided_at")
+    assert decisions["gate"].to_list() == ["undecided", "undecided"] and decisions["promoted"].to_list() == [
+        False,
+        True,
+    ]
+    assert decisions["forced"].to_list() == [False, True]
+    decisions = decisions.filter(pl.col("promoted"))
+    ids = [decisions["production_eval_id"][0], decisions["challenger_eval_id"][0]]
+    scores = read(base, "candidate_scores").filter(pl.col("eval_id").is_in(ids))
     by_candidate = {r["candidate"]: r for r in scores.to_dicts()}
     assert by_candidate["production"]["flagged_f1"] == 0.0 and by_candidate["challenger"][
         "flagged_f1"
@@ -243,8 +267,10 @@ def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_p
     }
 
     # The always-none model comes back as challenger (same bytes: version 1 again) and is rejected.
+    # Allowed to decide on 3 clips, the gate rejects it: flagged F1 may drop by up to 1.
     reg = materialize([vlm_model], instance=instance, resources=base)
     assert reg.asset_materializations_for_node("vlm_model")[0].metadata["alias"].value == "challenger"
+    run_config = {"ops": {"promotion": {"config": {**small, "min_videos": 3}}}}
     worse = defs.resolve_job_def("promote_challenger").execute_in_process(
         instance=instance, resources=base, run_config=run_config
     )
@@ -252,8 +278,9 @@ def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_p
     assert worse.success and out["promoted"].value is False and "flagged_f1" in out["reason"].value
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "2"  # unchanged
     decisions = read(base, "promotion_decisions").sort("decided_at")
-    assert decisions["promoted"].to_list() == [True, False]
-    assert read(base, "candidate_scores").height == 4  # both score sets of both decisions
+    assert decisions["promoted"].to_list() == [False, True, False]
+    assert decisions["gate"].to_list() == ["undecided", "undecided", "reject"]
+    assert read(base, "candidate_scores").height == 6  # both score sets of the three decisions
     with pytest.raises(MlflowException, match="challenger"):
         client.get_model_version_by_alias("video-captioner", "challenger")  # evaluated: alias cleared
     assert "rejected" in client.get_model_version("video-captioner", "1").tags["promotion"]

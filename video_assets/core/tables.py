@@ -295,6 +295,15 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("tolerance", pa.float64(), nullable=False, metadata={"doc": "allowed drop per metric"}),
             pa.field("production_eval_id", pa.string(), nullable=False, metadata={"doc": "eval_scores row"}),
             pa.field("challenger_eval_id", pa.string(), nullable=False, metadata={"doc": "eval_scores row"}),
+            pa.field("gate", pa.string(), metadata={"doc": "promote | reject | undecided (too few labelled videos)"}),
+            pa.field("forced", pa.bool_(), metadata={"doc": "promoted although the gate could not decide (force)"}),
+            pa.field("confidence", pa.float64(), metadata={"doc": "confidence of the paired bootstrap intervals"}),
+            pa.field("golden_videos", pa.int32(), metadata={"doc": "golden videos scored by both candidates"}),
+            pa.field(
+                "intervals",
+                pa.string(),
+                metadata={"doc": "JSON: per gated metric, both values, their difference and its interval"},
+            ),
         ]
     ),
 }

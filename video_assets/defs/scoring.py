@@ -28,6 +28,22 @@ from video_assets.defs.lineage import golden_rows
 EXPERIMENT = "video-assets-evaluation"
 
 
+def candidate_predictions(
+    tables: DeltaTables,
+    uc: uc_mod.UseCase,
+    model_version: str,
+    prompt_version: int,
+    structurer: str,
+    video_ids: list[str],
+    events_table: str = STRUCTURED_EVENTS,
+) -> dict[str, dict]:
+    """One candidate's prediction per video (``metrics.video_predictions``) from its structured rows."""
+    events = tables.read(events_table, SCHEMAS[events_table]).filter(
+        structuring_versions(model_version, prompt_version, structurer, uc) & pl.col("video_id").is_in(video_ids)
+    )
+    return video_predictions(events.to_dicts())
+
+
 def evaluate_candidate(
     tables: DeltaTables,
     registry: MlflowRegistry,
@@ -48,10 +64,8 @@ def evaluate_candidate(
     if not golden:
         raise Failure(f"golden_set has no labels for use case {uc.name!r}: materialise golden_set first")
     ids = [g["video_id"] for g in golden]
-    events = tables.read(events_table, SCHEMAS[events_table]).filter(
-        structuring_versions(model_version, prompt_version, structurer, uc) & pl.col("video_id").is_in(ids)
-    )
-    scores = score_use_case(golden, video_predictions(events.to_dicts()), iou_threshold, bootstrap)
+    predictions = candidate_predictions(tables, uc, model_version, prompt_version, structurer, ids, events_table)
+    scores = score_use_case(golden, predictions, iou_threshold, bootstrap)
     png = confusion_png(
         scores["confusion"]["rows"],
         scores["confusion"]["columns"],

@@ -201,13 +201,14 @@ def score_use_case(
     golden: Sequence[Mapping], predictions: Mapping[str, dict], iou_threshold: float = 0.3, n_boot: int = 1000
 ) -> dict:
     """Every score of one candidate on one golden set. Golden videos without a prediction (never
-    registered or never structured) are left out and counted in ``missing``."""
+    registered or never structured) are left out and counted in ``missing``. ``n_boot`` 0: no interval
+    (NaN), for callers that resample themselves (``gate.paired_gate``)."""
     scored = [g for g in golden if g["video_id"] in predictions]
     expected = [g["verdict"] for g in scored]
     predicted = [predictions[g["video_id"]]["verdict"] for g in scored]
     flagged = flagged_scores(expected, predicted)
     classes = per_class(expected, predicted)
-    lo, hi = bootstrap_ci(expected, predicted, n=n_boot)
+    lo, hi = bootstrap_ci(expected, predicted, n=n_boot) if n_boot else (float("nan"), float("nan"))
     ev = event_scores(
         {
             g["video_id"]: [

@@ -1,6 +1,7 @@
 """Promotion stage: a challenger model or caption prompt (alias ``challenger``) replaces production only
-when, on a use case's golden set, no gated metric drops more than a tolerance
-(``core.evaluation.gate.decide``).
+when, on a use case's golden set, no gated metric is worse by more than a tolerance at the configured
+confidence (a paired bootstrap over the golden videos, ``core.evaluation.gate.paired_gate``); with fewer
+labelled videos than ``min_videos`` it does not decide (and promotes only when forced).
 
 One multi-asset, declared as what it writes: the golden videos captioned and structured by each
 candidate where not done yet (``candidate_captions``, ``candidate_events``), both candidates' scores
@@ -8,6 +9,7 @@ candidate where not done yet (``candidate_captions``, ``candidate_events``), bot
 move. The pipeline's own tables (captions, structured_events, eval_scores) hold only what their assets
 wrote, so lineage read from them stays true."""
 
+import json
 import uuid
 from datetime import UTC, datetime
 
@@ -30,7 +32,7 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_versions, captioned_ok, split_key
-from video_assets.core.evaluation.gate import GATED, decide
+from video_assets.core.evaluation.gate import GATED, PROMOTE, UNDECIDED, paired_gate
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.structuring import usecase as uc_mod
@@ -59,15 +61,22 @@ from video_assets.defs.engines import (
 )
 from video_assets.defs.lineage import golden_rows
 from video_assets.defs.registry import CAPTION_PROMPT_NAME, CHALLENGER
-from video_assets.defs.scoring import evaluate_candidate
+from video_assets.defs.scoring import candidate_predictions, evaluate_candidate
 
 
 class PromotionConfig(Config):
     use_case: str = Field(default="object_handling", description="Use case whose golden set gates the promotion")
     tolerance: float = Field(default=0.02, ge=0, description="Largest allowed drop of any gated metric")
+    confidence: float = Field(
+        default=0.9, gt=0, lt=1, description="Confidence of the paired bootstrap interval of each metric's change"
+    )
+    min_videos: int = Field(
+        default=10, ge=1, description="Fewer golden videos scored by both candidates: the gate does not decide"
+    )
+    force: bool = Field(default=False, description="Promote when the gate cannot decide (too few videos)")
     metrics: list[str] = Field(default=list(GATED), description="Gated metrics (columns of eval_scores)")
     iou_threshold: float = Field(default=0.3, gt=0, le=1)
-    bootstrap: int = Field(default=200, ge=10)
+    bootstrap: int = Field(default=200, ge=10, description="Bootstrap resamples (the gate's paired ones too)")
     max_frames: int = Field(default=16, ge=1, description="Frames per segment when captioning golden videos")
     min_frames: int = Field(default=8, ge=1)
 
@@ -202,7 +211,23 @@ def promotion(
             scores_table=CANDIDATE_SCORES,
         )
     (prow, _), (crow, _) = results["production"], results["challenger"]
-    promoted, reason = decide(prow, crow, config.tolerance, config.metrics)
+    golden = golden_rows(tables, uc.name)
+    gate = paired_gate(
+        golden,
+        *(
+            candidate_predictions(tables, uc, mv, pv, structurer_id(structurer, name, mv), ids, CANDIDATE_EVENTS)
+            for mv, pv, _, _ in candidates.values()
+        ),
+        tolerance=config.tolerance,
+        metrics=config.metrics,
+        confidence=config.confidence,
+        n_boot=config.bootstrap,
+        min_videos=config.min_videos,
+        iou_threshold=config.iou_threshold,
+    )
+    forced = gate["decision"] == UNDECIDED and config.force
+    promoted = gate["decision"] == PROMOTE or forced
+    reason = gate["reason"] + ("; promoted anyway: force" if forced else "")
     context.log.info(reason)
     decision = {
         "decision_id": uuid.uuid4().hex[:16],
@@ -217,6 +242,11 @@ def promotion(
         "tolerance": config.tolerance,
         "production_eval_id": prow["eval_id"],
         "challenger_eval_id": crow["eval_id"],
+        "gate": gate["decision"],
+        "forced": forced,
+        "confidence": config.confidence,
+        "golden_videos": gate["videos"],
+        "intervals": json.dumps(gate["intervals"]),
     }
     # The decision is recorded before any alias moves: production never changes without a row saying
     # why. A failure after this leaves the challenger alias in place, so a rerun decides again.
@@ -226,7 +256,10 @@ def promotion(
             reg.set_alias("model", name, vlm.alias, cm)
         if cp:
             reg.set_alias("prompt", CAPTION_PROMPT_NAME, vlm.alias, cp)
-    # Either way the challenger has had its evaluation: the alias is cleared, the verdict kept as a tag.
+    # Undecided (too few labelled videos): the challenger stays, for a run with more labels or force.
+    if gate["decision"] == UNDECIDED and not forced:
+        cm = cp = None
+    # Decided, the challenger has had its evaluation: the alias is cleared, the verdict kept as a tag.
     if cm:
         reg.client().set_model_version_tag(name, cm, "promotion", reason[:500])
         reg.delete_alias("model", name, CHALLENGER)
@@ -265,7 +298,9 @@ def promotion(
             ),
             "decision_id": MetadataValue.text(decision["decision_id"]),
             "promoted": MetadataValue.bool(promoted),
+            "gate": MetadataValue.text(gate["decision"]),
             "reason": MetadataValue.text(reason),
+            "intervals": MetadataValue.json(gate["intervals"]),
             "production": MetadataValue.json({m: round(prow[m], 4) for m in config.metrics}),
             "challenger": MetadataValue.json({m: round(crow[m], 4) for m in config.metrics}),
             "production_now": MetadataValue.text(f"model v{now_model}, prompt v{now_prompt}"),
