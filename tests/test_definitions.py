@@ -92,6 +92,7 @@ def test_engine_steps_share_one_pool_limited_by_the_instance(instance):
         "candidate_events",
         "candidate_scores",
         "promotion_decisions",
+        "promotion_diffs",
         "transcripts",
         "frame_embeddings",
         "text_embeddings",

@@ -218,3 +218,56 @@ def test_the_gate_weighs_the_noise_of_few_clips_and_refuses_to_decide_on_too_few
     assert out["intervals"]
     nothing = paired_gate(golden, {}, production, tolerance=0.02, n_boot=20)
     assert nothing["decision"] == UNDECIDED and nothing["videos"] == 0
+
+
+# -- the fact diff: what a challenger changes, video by video -----------------------------------------
+
+
+def test_the_fact_diff_names_each_change_and_lists_flips_first():
+    from video_assets.core.evaluation.diff import counts, fact_diff
+    from video_assets.core.evaluation.metrics import Event
+
+    def p(verdict, *spans):
+        return {"verdict": verdict, "events": [Event(a, b, "lift", "cup") for a, b in spans], "answered": True}
+
+    production = {
+        "a": p("confirmed", (0, 2)),
+        "b": p("none"),
+        "c": p("confirmed", (0, 2)),
+        "d": p("possible"),
+        "e": p("confirmed", (0, 2)),
+        "f": p("confirmed", (0, 2)),
+        "g": p("suspected", (1, 3)),
+    }
+    challenger = {
+        "a": p("none"),  # an alert vanishes
+        "b": p("suspected", (4, 5)),  # an alert appears
+        "c": p("suspected", (0, 2)),  # still flagged, another verdict
+        "d": {"verdict": "unparsed", "events": [], "answered": False},  # no answer any more
+        "e": p("confirmed", (5, 9)),  # the same verdict, the event moved
+        "f": p("confirmed", (0.1, 2.1)),  # the same (IoU 0.9)
+        # g: the challenger never answered this video
+    }
+    videos = [{"video_id": v, "uri": f"/v/{v}.mp4", "sample": "shadow" if v in "fg" else "golden"} for v in "abcdefg"]
+    rows = fact_diff(videos, production, challenger)
+    assert [(r["video_id"], r["change"]) for r in rows] == [
+        ("a", "flag_lost"),
+        ("b", "flag_gained"),
+        ("c", "verdict_changed"),
+        ("d", "unparsed_now"),
+        ("g", "unparsed_now"),
+        ("e", "events_changed"),
+        ("f", "same"),
+    ]
+    assert counts(rows) == {
+        "flag_lost": 1,
+        "flag_gained": 1,
+        "verdict_changed": 1,
+        "unparsed_now": 2,
+        "parsed_now": 0,
+        "events_changed": 1,
+        "same": 1,
+    }
+    b = rows[1]
+    assert (b["production_verdict"], b["challenger_verdict"], b["start_s"], b["end_s"]) == ("none", "suspected", 4, 5)
+    assert b["challenger_events"][0]["action"] == "lift" and b["production_events"] == []

@@ -245,7 +245,33 @@ def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_p
         for m in better.get_asset_materialization_events()
         for m in [m.event_specific_data.materialization]
     }
-    assert written == {"candidate_captions", "candidate_events", "candidate_scores", "promotion_decisions"}
+    assert written == {
+        "candidate_captions",
+        "candidate_events",
+        "candidate_scores",
+        "promotion_decisions",
+        "promotion_diffs",
+    }
+    # The fact diff: the always-confirmed challenger flags all three clips production left alone (two are
+    # labelled confirmed, one none), and the flips wait on the review page as items.
+    promoted_id = _decision(better)["decision_id"].value
+    diffs = read(base, "promotion_diffs").filter(pl.col("decision_id") == promoted_id)
+    got = sorted(diffs.select("uri", "expected", "change", "production_verdict", "challenger_verdict").rows())
+    assert [(u.rsplit("/", 1)[1], *rest) for u, *rest in got] == [
+        ("asl_eat.mkv", "none", "flag_gained", "none", "confirmed"),
+        ("bottle-detection.mp4", "confirmed", "flag_gained", "none", "confirmed"),
+        ("sam2_04_coffee.mp4", "confirmed", "flag_gained", "none", "confirmed"),
+    ]
+    diff_meta = next(
+        m.metadata
+        for m in better.asset_materializations_for_node("promotion")
+        if m.asset_key.to_user_string() == "promotion_diffs"
+    )
+    assert diff_meta["changes"].value["flag_gained"] == 3 and "/file#t=" in diff_meta["flips"].value
+    from video_assets.core.review.queue import ranked
+
+    items = ranked(pl.DataFrame(), "object_handling", diffs=read(base, "promotion_diffs"))  # no queue: flips alone
+    assert len(items) == 3 and {i["tier"] for i in items} == {"challenger disagrees"}
     assert not base["tables"].exists("captions") and not base["tables"].exists("eval_scores")
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "2"
     decisions = read(base, "promotion_decisions").sort("decided_at")

@@ -186,3 +186,36 @@ def test_exported_labels_load_as_a_labels_file(tmp_path):
     path.write_text(export_jsonl(rows))
     again, _ = load_labels(path)
     assert [r.model_dump() for r in again] == [r.model_dump() for r in sorted(records, key=lambda r: r.file)]
+
+
+def test_the_latest_fact_diffs_flips_are_review_items():
+    from video_assets.core.tables import PROMOTION_DIFFS
+
+    def diff(video, change, decision, at):
+        return {
+            "decision_id": decision, "use_case": UC, "video_id": video, "uri": f"/v/{video}.mp4", "sample": "golden",
+            "expected": "none", "change": change, "production_verdict": "none", "challenger_verdict": "confirmed",
+            "production_events": [], "challenger_events": [EVENT], "start_s": 0.0, "end_s": 1.5,
+            "model_version": "1", "prompt_version": 1, "use_case_version": "u1", "structurer": "s",
+            "challenger_model_version": "2", "challenger_prompt_version": 1, "diffed_at": at,
+        }  # fmt: skip
+
+    diffs = frame(
+        PROMOTION_DIFFS,
+        [
+            diff("old", "flag_gained", "d1", T0),  # an older decision's flip: not shown
+            diff("flipped", "flag_gained", "d2", T0 + timedelta(1)),
+            diff("same", "same", "d2", T0 + timedelta(1)),
+        ],
+    )
+    items = ranked(frame(REVIEW_QUEUE, [queue_row("sure", "suspected", 0.6), queue_row("x", None)]), UC, diffs=diffs)
+    assert [(i["video_id"], i["tier"]) for i in items] == [
+        ("sure", "low confidence"),
+        ("flipped", "challenger disagrees"),
+        ("x", "unparsed"),
+    ]
+    flip = items[1]
+    assert flip["segment"] == -1 and flip["challenger_verdicts"] == ["confirmed"] and "flag_gained" in flip["reason"]
+    # A label on the flip is like any other: the whole video's answer.
+    row = label_row(flip, _label(flip, "save", "confirmed", [EVENT]), T0)
+    assert (row["segment"], row["decision"], row["model_verdict"]) == (-1, "corrected", "none")

@@ -34,6 +34,7 @@ VIDEO_SUMMARIES = "video_summaries"
 CURATED_FRAMES = "frames"
 SAMPLED_FRAMES = "sampled_frames"
 REVIEW_LABELS = "review_labels"
+PROMOTION_DIFFS = "promotion_diffs"
 # What the promotion job makes to judge a challenger against production on a golden set: tables of their
 # own (the captions, structured_events and eval_scores schemas), so the pipeline's tables hold only what
 # their own assets wrote.
@@ -430,6 +431,32 @@ SCHEMAS[SAMPLED_FRAMES] = pa.schema(
         pa.field("sampled_at", _TS, nullable=False, metadata={"doc": "when written"}),
     ]
 )
+# What a challenger changes (core.evaluation.diff): per promotion decision, use case and video, both
+# candidates' answers side by side, over the golden videos and a shadow sample of the archive.
+SCHEMAS[PROMOTION_DIFFS] = pa.schema(
+    [
+        pa.field("decision_id", pa.string(), nullable=False, metadata={"doc": "the promotion decision"}),
+        pa.field("use_case", pa.string(), nullable=False, metadata={"doc": "use case compared"}),
+        pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "sha256 of the bytes"}),
+        pa.field("uri", pa.string(), metadata={"doc": "the video"}),
+        pa.field("sample", pa.string(), nullable=False, metadata={"doc": "golden | shadow (recent archive videos)"}),
+        pa.field("expected", pa.string(), metadata={"doc": "the golden verdict; null in the shadow sample"}),
+        pa.field("change", pa.string(), nullable=False, metadata={"doc": "flag_lost, flag_gained, ... same"}),
+        pa.field("production_verdict", pa.string(), metadata={"doc": "production's answer for the video"}),
+        pa.field("challenger_verdict", pa.string(), metadata={"doc": "the challenger's answer"}),
+        pa.field("production_events", pa.list_(_EVENT), metadata={"doc": "production's events"}),
+        pa.field("challenger_events", pa.list_(_EVENT), metadata={"doc": "the challenger's events"}),
+        pa.field("start_s", pa.float64(), metadata={"doc": "first event of either side; null without events"}),
+        pa.field("end_s", pa.float64(), metadata={"doc": "last event of either side"}),
+        pa.field("model_version", pa.string(), nullable=False, metadata={"doc": "production's model version"}),
+        pa.field("prompt_version", pa.int32(), nullable=False, metadata={"doc": "production's prompt version"}),
+        pa.field("use_case_version", pa.string(), nullable=False, metadata={"doc": "use case version"}),
+        pa.field("structurer", pa.string(), nullable=False, metadata={"doc": "production's structurer"}),
+        pa.field("challenger_model_version", pa.string(), nullable=False, metadata={"doc": "challenger model"}),
+        pa.field("challenger_prompt_version", pa.int32(), nullable=False, metadata={"doc": "challenger prompt"}),
+        pa.field("diffed_at", _TS, nullable=False, metadata={"doc": "when compared"}),
+    ]
+)
 # A reviewer's decision on a review_queue item (the review page): what the model said and what the person
 # said. Keyed by the page's submission id, so a double submit is one row.
 SCHEMAS[REVIEW_LABELS] = pa.schema(
@@ -527,6 +554,7 @@ KEYS: dict[str, list[str]] = {
     CURATED_FRAMES: ["video_id", "segment", "frame", "curation_version"],
     SAMPLED_FRAMES: ["video_id", "segment", "frame", "model_version", "prompt_version"],
     REVIEW_LABELS: ["label_id"],
+    PROMOTION_DIFFS: ["decision_id", "use_case", "video_id"],
 }
 
 

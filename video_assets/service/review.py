@@ -26,6 +26,7 @@ from video_assets.core.review.queue import ranked
 from video_assets.core.structuring import usecase
 from video_assets.core.tables import (
     CANDIDATE_EVENTS,
+    PROMOTION_DIFFS,
     REVIEW_LABELS,
     REVIEW_QUEUE,
     SCHEMAS,
@@ -57,6 +58,7 @@ def _items(tables, use_case: str) -> list[dict]:
         use_case,
         tables.read(REVIEW_LABELS, SCHEMAS[REVIEW_LABELS]),
         tables.read(CANDIDATE_EVENTS, SCHEMAS[CANDIDATE_EVENTS]),
+        tables.read(PROMOTION_DIFFS, SCHEMAS[PROMOTION_DIFFS]),
     )
 
 
@@ -125,7 +127,8 @@ async def save_label(request: Request, use_case: str) -> dict:
     if not done.is_empty() and label.label_id in set(done.get_column("label_id").to_list()):
         return {"saved": False, "label_id": label.label_id, "detail": "already saved (a repeated submit)"}
     queue_df = tables.read(REVIEW_QUEUE, SCHEMAS[REVIEW_QUEUE])
-    every = ranked(queue_df, use_case)  # the item, whether or not it was decided before
+    diffs = tables.read(PROMOTION_DIFFS, SCHEMAS[PROMOTION_DIFFS])
+    every = ranked(queue_df, use_case, diffs=diffs)  # the item, whether or not it was decided before
     item = next((i for i in every if i["item_id"] == label.item_id), None)
     if item is None:
         raise HTTPException(404, f"no review item {label.item_id} in use case {use_case}")

@@ -32,6 +32,7 @@ from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_versions, captioned_ok, split_key
+from video_assets.core.evaluation.diff import FLIPS, counts, fact_diff
 from video_assets.core.evaluation.gate import GATED, PROMOTE, UNDECIDED, paired_gate
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
@@ -43,11 +44,14 @@ from video_assets.core.tables import (
     CANDIDATE_SCORES,
     HEADLINE_METRICS,
     KEYS,
+    PROMOTION_DIFFS,
     PROMOTIONS,
+    RAW_VIDEOS,
     SCHEMAS,
     VIDEO_METADATA,
     to_arrow,
 )
+from video_assets.core.uploads.discovery import printable
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
 from video_assets.defs.engines import (
     engine_name,
@@ -62,6 +66,7 @@ from video_assets.defs.engines import (
 from video_assets.defs.lineage import golden_rows
 from video_assets.defs.registry import CAPTION_PROMPT_NAME, CHALLENGER
 from video_assets.defs.scoring import candidate_predictions, evaluate_candidate
+from video_assets.service.server import DEFAULT_HOST, DEFAULT_PORT
 
 
 class PromotionConfig(Config):
@@ -74,6 +79,9 @@ class PromotionConfig(Config):
         default=10, ge=1, description="Fewer golden videos scored by both candidates: the gate does not decide"
     )
     force: bool = Field(default=False, description="Promote when the gate cannot decide (too few videos)")
+    shadow_videos: int = Field(
+        default=20, ge=0, description="The archive's most recent videos also compared in the fact diff (0: golden only)"
+    )
     metrics: list[str] = Field(default=list(GATED), description="Gated metrics (columns of eval_scores)")
     iou_threshold: float = Field(default=0.3, gt=0, le=1)
     bootstrap: int = Field(default=200, ge=10, description="Bootstrap resamples (the gate's paired ones too)")
@@ -100,6 +108,41 @@ def _ensure_captions(
         stats = run_captioning(context.log, tables, todo, spec, stamp, table=CANDIDATE_CAPTIONS)
         context.log.info(f"model v{mv} prompt v{pv}: {int(stats['written'])} candidate caption rows written")
     return model
+
+
+def _shadow_sample(tables: DeltaTables, readable: pl.DataFrame, golden_ids: list[str], n: int) -> list[str]:
+    """The ``n`` most recently registered readable videos that are not golden: what the challenger would
+    change on the archive as it is now, not only on the labelled clips."""
+    if n <= 0:
+        return []
+    raw = tables.read(RAW_VIDEOS, SCHEMAS[RAW_VIDEOS]).filter(
+        pl.col("video_id").is_in(readable.get_column("video_id")) & ~pl.col("video_id").is_in(golden_ids)
+    )
+    return raw.sort(["registered_at", "video_id"], descending=True).head(n).get_column("video_id").to_list()
+
+
+# Where a flip's clip plays: the service's default address (make serve), its file endpoint at the time range.
+SERVICE_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+
+def _flips_table(diffs: list[dict], limit: int = 50) -> str:
+    """The flips as markdown (they come first in ``diffs``), each with a link that plays its clip."""
+    flips = [d for d in diffs if d["change"] in FLIPS]
+    if not flips:
+        return "_no video changes its answer_"
+    lines = ["| change | video | sample | golden | production | challenger | clip |", "|---|---|---|---|---|---|---|"]
+    for d in flips[:limit]:
+        start, end = d["start_s"] or 0.0, d["end_s"]
+        window = f"#t={start:g},{end:g}" if end is not None else f"#t={start:g}"
+        name = printable((d["uri"] or d["video_id"]).rsplit("/", 1)[-1])
+        link = f"[play]({SERVICE_URL}/api/videos/{d['video_id']}/file{window})"
+        lines.append(
+            f"| {d['change']} | {name} | {d['sample']} | {d['expected'] or ''} | {d['production_verdict']} | "
+            f"{d['challenger_verdict']} | {link} |"
+        )
+    if len(flips) > limit:
+        lines.append(f"\n{len(flips) - limit} more in promotion_diffs")
+    return "\n".join(lines)
 
 
 def _ensure_structured(context, tables, settings, uc, model: ModelFiles, ids, mv, pv, sid) -> None:
@@ -133,6 +176,7 @@ def _spec(table: str, description: str, kinds: tuple[str, ...] = ()) -> AssetSpe
         _spec(CANDIDATE_EVENTS, "The candidates' captions structured per use case (structured_events' schema)."),
         _spec(CANDIDATE_SCORES, "Each candidate's scores on the golden set (eval_scores' schema).", ("mlflow",)),
         _spec(PROMOTIONS, "One row per promotion decision, with its reason.", ("mlflow",)),
+        _spec(PROMOTION_DIFFS, "What the challenger changes: both answers per video, flips first (the fact diff)."),
     ],
     # No retry policy: an attempt records MLflow runs and may record a decision; a rerun is the operator's.
     pool=ACCELERATOR_POOL,
@@ -167,13 +211,16 @@ def promotion(
     unknown = [m for m in config.metrics if m not in HEADLINE_METRICS]  # the columns an eval_scores row has
     if unknown:
         raise Failure(f"unknown gated metrics {unknown}")
-    ids = [g["video_id"] for g in golden_rows(tables, uc.name)]
-    videos = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA]).filter(pl.col("ok") & pl.col("video_id").is_in(ids))
-    if videos.is_empty():
+    golden = golden_rows(tables, uc.name)
+    ids = [g["video_id"] for g in golden]
+    readable = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA]).filter(pl.col("ok"))
+    if readable.filter(pl.col("video_id").is_in(ids)).is_empty():
         raise Failure(
             f"none of the {len(ids)} golden videos of {uc.name!r} is registered and readable: "
             "register the sample clips (video-assets register) and materialise golden_set first"
         )
+    shadow = _shadow_sample(tables, readable, ids, config.shadow_videos)
+    videos = readable.filter(pl.col("video_id").is_in(ids + shadow))
     candidates = {
         "production": (pm, int(pp), vlm.alias, vlm.alias),
         "challenger": (cm or pm, int(cp or pp), CHALLENGER if cm else vlm.alias, CHALLENGER if cp else vlm.alias),
@@ -181,7 +228,8 @@ def promotion(
     results = {}
     for label, (mv, pv, model_alias, prompt_alias) in candidates.items():
         context.log.info(
-            f"{label}: model v{mv} ({model_alias}), prompt v{pv} ({prompt_alias}) on {videos.height} golden videos"
+            f"{label}: model v{mv} ({model_alias}), prompt v{pv} ({prompt_alias}) on {videos.height - len(shadow)} "
+            f"golden videos and {len(shadow)} recent archive videos (the fact diff's shadow sample)"
         )
         path = _ensure_captions(context, tables, vlm, reg, videos, model_alias, prompt_alias, mv, pv, config)
         sid = structurer_id(structurer, name, mv)
@@ -211,13 +259,14 @@ def promotion(
             scores_table=CANDIDATE_SCORES,
         )
     (prow, _), (crow, _) = results["production"], results["challenger"]
-    golden = golden_rows(tables, uc.name)
+    every = videos.get_column("video_id").to_list()
+    answers = [
+        candidate_predictions(tables, uc, mv, pv, structurer_id(structurer, name, mv), every, CANDIDATE_EVENTS)
+        for mv, pv, _, _ in candidates.values()
+    ]
     gate = paired_gate(
         golden,
-        *(
-            candidate_predictions(tables, uc, mv, pv, structurer_id(structurer, name, mv), ids, CANDIDATE_EVENTS)
-            for mv, pv, _, _ in candidates.values()
-        ),
+        *answers,
         tolerance=config.tolerance,
         metrics=config.metrics,
         confidence=config.confidence,
@@ -248,8 +297,28 @@ def promotion(
         "golden_videos": gate["videos"],
         "intervals": json.dumps(gate["intervals"]),
     }
-    # The decision is recorded before any alias moves: production never changes without a row saying
-    # why. A failure after this leaves the challenger alias in place, so a rerun decides again.
+    expected = {g["video_id"]: g["verdict"] for g in golden}
+    compared = [
+        {"video_id": v, "uri": u, "sample": "golden" if v in expected else "shadow", "expected": expected.get(v)}
+        for v, u in videos.select("video_id", "uri").iter_rows()
+    ]
+    stamp = {
+        "decision_id": decision["decision_id"],
+        "use_case": uc.name,
+        "model_version": pm,
+        "prompt_version": int(pp),
+        "use_case_version": uc.version,
+        "structurer": structurer_id(structurer, name, pm),
+        "challenger_model_version": cm or pm,
+        "challenger_prompt_version": int(cp or pp),
+        "diffed_at": decision["decided_at"],
+    }
+    diffs = [{**r, **stamp} for r in fact_diff(compared, *answers, config.iou_threshold)]
+    flips = counts(diffs)
+    context.log.info("fact diff: " + ", ".join(f"{k} {n}" for k, n in flips.items()))
+    # The diff and the decision are recorded before any alias moves: production never changes without rows
+    # saying why and what. A failure after this leaves the challenger alias in place: a rerun decides again.
+    tables.merge(PROMOTION_DIFFS, to_arrow(PROMOTION_DIFFS, diffs), KEYS[PROMOTION_DIFFS])
     tables.merge(PROMOTIONS, to_arrow(PROMOTIONS, [decision]), KEYS[PROMOTIONS])
     if promoted:
         if cm:
@@ -279,6 +348,16 @@ def promotion(
                 ["candidate", "model_version", "prompt_version", *config.metrics],
             ),
             **{f"{label}/mlflow_run_id": MetadataValue.text(r[0]["mlflow_run_id"]) for label, r in results.items()},
+        },
+    )
+    yield MaterializeResult(
+        asset_key=PROMOTION_DIFFS,
+        metadata={
+            "decision_id": MetadataValue.text(decision["decision_id"]),
+            "videos_compared": MetadataValue.int(len(diffs)),
+            "shadow_videos": MetadataValue.int(len(shadow)),
+            "changes": MetadataValue.json(flips),
+            "flips": MetadataValue.md(_flips_table(diffs)),
         },
     )
     out = tables.read(PROMOTIONS, SCHEMAS[PROMOTIONS])
