@@ -4,8 +4,8 @@ combine). The runs themselves: tests/test_captions.py (one Ray job for a range) 
 
 from dagster import DataVersion, MaterializeResult, MetadataValue
 
-from video_assets.cli import consecutive_ranges
 from video_assets.defs.common import merge_batches
+from video_assets.defs.partitions import consecutive_ranges
 
 
 def test_batches_to_run_become_ranges_of_consecutive_partitions():

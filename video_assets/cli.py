@@ -127,7 +127,7 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from video_assets.definitions import defs
-    from video_assets.defs.partitions import video_batches
+    from video_assets.defs.partitions import consecutive_ranges, video_batches
 
     job = defs.resolve_job_def("batch_pipeline")
     ok = True
@@ -145,17 +145,69 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     return ok
 
 
-def consecutive_ranges(order: list[str], keys: list[str]) -> list[tuple[str, str]]:
-    """``keys`` as (first, last) ranges of consecutive partitions in ``order`` (the partitions' order)."""
-    wanted, ranges, previous = set(keys), [], None
-    for i, key in enumerate(order):
-        if key in wanted:
-            if ranges and previous == i - 1:
-                ranges[-1] = (ranges[-1][0], key)
-            else:
-                ranges.append((key, key))
-            previous = i
-    return ranges
+def reprocess_command(args) -> int:
+    """The batches whose rows came from a model, prompt or structuring no longer in production, each run
+    again through exactly the assets downstream of what changed (``defs.maintenance.reprocess``)."""
+    from video_assets.definitions import build_resources, defs
+    from video_assets.defs.maintenance.reprocess import reprocess_plan, runs
+    from video_assets.defs.partitions import video_batches
+
+    instance = DagsterInstance.get()
+    built = build_resources()
+    res = {k: built[k].process_config_and_initialize() for k in ("tables", "mlflow_registry", "vlm", "structurer")}
+    plan = reprocess_plan(
+        instance, defs.resolve_asset_graph(), res["tables"], res["mlflow_registry"], res["vlm"], res["structurer"]
+    )
+    if not plan:
+        print("nothing to reprocess: every batch's rows are from production")
+        return 0
+    for step in plan:
+        print(
+            f"batch {step['batch']}: stale from {step['root']} ({step['reason']}); assets: {', '.join(step['assets'])}"
+        )
+    todo = runs(instance.get_dynamic_partitions(video_batches.name), plan)
+    for run in todo:
+        print(f"run: batches {run['first']}...{run['last']}: {', '.join(run['assets'])}")
+    if args.dry_run:
+        print(f"dry run: {len(todo)} run(s) not started")
+        return 0
+    return 0 if all(r.success for r in execute_reprocess(instance, todo)) else 1
+
+
+def execute_reprocess(instance: DagsterInstance, todo: list[dict], assets=None, resources=None) -> list:
+    """Each planned run: the batch pipeline's job on its assets only, over its range of batches. ``assets`` and
+    ``resources``: the same assets on other resources (tests; a job's own resources cannot be replaced).
+    Returns the runs' results."""
+    from dagster import AssetKey
+    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+    from video_assets.definitions import defs
+
+    job = defs.resolve_job_def("batch_pipeline")
+    results = []
+    for run in todo:
+        if run["first"] == run["last"]:
+            target = {"partition_key": run["first"]}
+        else:
+            target = {
+                "tags": {ASSET_PARTITION_RANGE_START_TAG: run["first"], ASSET_PARTITION_RANGE_END_TAG: run["last"]}
+            }
+        selection = [AssetKey(a) for a in run["assets"]]
+        if assets is None:
+            result = job.execute_in_process(
+                **target, asset_selection=selection, instance=instance, raise_on_error=False, run_config=QUIET
+            )
+        else:
+            from dagster import materialize
+
+            result = materialize(
+                assets, selection=selection, **target, instance=instance, resources=resources, raise_on_error=False
+            )
+        print(
+            f"batches {run['first']}...{run['last']}: run {result.run_id} {'succeeded' if result.success else 'FAILED'}"
+        )
+        results.append(result)
+    return results
 
 
 def demo(args) -> int:
@@ -428,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         help="one per engine group the cluster's GPUs hold (RAY_ADDRESS; vlm concurrency x tensor_parallel_size GPUs each)",
     )
     sub.add_parser("review-token", help="print this instance's reviewer token (the review page's writes need it)")
+    rep = sub.add_parser(
+        "reprocess", help="run again the batches whose rows are not from the production model, prompt or structuring"
+    )
+    rep.add_argument("--dry-run", action="store_true", help="list the stale batches and the runs, start nothing")
     srv = sub.add_parser("serve", help="the search service and web page (run `make demo` first)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     srv.add_argument("--port", type=int, default=8300)
@@ -448,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         return pools_command(args)
     if args.command == "serve":
         return serve_command(args)
+    if args.command == "reprocess":
+        return reprocess_command(args)
     if args.command == "review-token":
         print(_review_token())  # to the person at the terminal; never to a log
         return 0
