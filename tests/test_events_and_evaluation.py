@@ -210,6 +210,8 @@ def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_p
     challenger = _resources({**resources, **session_ray}, tmp_path, model_source=str(says_confirmed), cache=cache)
     reg = materialize([vlm_model], instance=instance, resources=challenger)
     assert reg.asset_materializations_for_node("vlm_model")[0].metadata["alias"].value == "challenger"
+    # Its data version is what is in production (v1): registering a challenger makes nothing downstream stale.
+    assert reg.asset_materializations_for_node("vlm_model")[0].tags["dagster/data_version"] == "v1"
     assert str(client.get_model_version_by_alias("video-captioner", "challenger").version) == "2"
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "1"  # untouched
     # The (opt-in) challenger sensor asks for one promotion run per challenger.
@@ -235,6 +237,12 @@ def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_p
     )
     assert better.success and _decision(better)["promoted"].value is True
     assert "promoted anyway: force" in _decision(better)["reason"].value
+    # The promotion reports the new production version as vlm_model's data version: Dagster now shows every
+    # batch captioned before as stale (video-assets reprocess redoes them).
+    from dagster import AssetKey
+
+    moved = instance.get_latest_materialization_event(AssetKey("vlm_model")).asset_materialization
+    assert moved.tags["dagster/data_version"] == "v2" and moved.metadata["promoted_by"].value
     # The paired intervals: flagged F1 0 -> 0.8 on these clips, but 3 clips resampled say anything from -1 to +1.
     flagged = _decision(better)["intervals"].value["flagged_f1"]
     assert (flagged["production"], flagged["challenger"]) == (0.0, pytest.approx(0.8))

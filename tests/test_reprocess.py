@@ -86,7 +86,21 @@ def test_after_production_moves_only_the_old_batches_assets_run_again(
     second = build_tiny_vlm(tmp_path / "models" / "second", prefer="confirmed")
     res2 = _resources({**resources, **session_ray}, tmp_path, model_source=str(second), cache=cache)
     assert materialize([vlm_model], instance=instance, resources=res2).success
-    registry.set_alias("model", res2["vlm"].registered_model, "production", "2")
+    from dagster import AssetKey
+    from dagster._core.definitions.data_version import StaleStatus
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+
+    from video_assets.defs.promotion.assets import report_production
+
+    def stale() -> list[StaleStatus]:
+        graph = [raw_videos, video_metadata, vlm_model, caption_prompt, captions, structured_events]
+        resolver = get_stale_status_resolver(instance, graph)
+        return [resolver.get_status(AssetKey("captions"), k) for k in keys]
+
+    assert stale() == [StaleStatus.FRESH] * 3  # a challenger registered changes nothing downstream
+    registry.set_alias("model", res2["vlm"].registered_model, "production", "2")  # what a promotion does...
+    report_production(instance, "production", "test-decision", model_version="2")  # ...and reports
+    assert stale() == [StaleStatus.STALE] * 3  # Dagster's own staleness view agrees with the plan below
 
     plan = reprocess_plan(instance, graph, tables, registry, res2["vlm"], res2["structurer"])
     assert [p["batch"] for p in plan] == keys and {p["root"] for p in plan} == {"captions"}

@@ -68,8 +68,11 @@ def vlm_model(
         context.log.info("run the promote_challenger job to evaluate it against production on the golden set")
     if vlm.is_tiny:
         context.log.warning(TINY_WARNING)
+    # The data version is the version in production, what the per-batch steps resolve: a challenger changes
+    # nothing downstream until it is promoted (the promotion then reports the new one, reprocess.py).
+    production = mlflow_registry.alias_version("model", vlm.registered_model, vlm.alias) or registered.version
     return MaterializeResult(
-        data_version=DataVersion(f"v{registered.version}"),
+        data_version=DataVersion(f"v{production}"),
         metadata={
             "model_uri": MetadataValue.text(f"models:/{vlm.registered_model}@{alias}"),
             "alias": MetadataValue.text(alias),
@@ -103,8 +106,9 @@ def caption_prompt(
     context.log.info(
         f"prompts:/{CAPTION_PROMPT_NAME}@{alias} -> version {prompt.version} ({'new' if prompt.created else 'unchanged'})"
     )
+    production = mlflow_registry.alias_version("prompt", CAPTION_PROMPT_NAME, vlm.alias) or prompt.version
     return MaterializeResult(
-        data_version=DataVersion(f"v{prompt.version}"),
+        data_version=DataVersion(f"v{production}"),  # the version in production (see vlm_model)
         metadata={
             "prompt_uri": MetadataValue.text(f"prompts:/{CAPTION_PROMPT_NAME}@{alias}"),
             "alias": MetadataValue.text(alias),

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import polars as pl
 from dagster import (
     AssetExecutionContext,
+    AssetMaterialization,
     AssetSpec,
     Config,
     DataVersion,
@@ -24,6 +25,7 @@ from dagster import (
     MetadataValue,
     multi_asset,
 )
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -108,6 +110,21 @@ def _ensure_captions(
         stats = run_captioning(context.log, tables, todo, spec, stamp, table=CANDIDATE_CAPTIONS)
         context.log.info(f"model v{mv} prompt v{pv}: {int(stats['written'])} candidate caption rows written")
     return model
+
+
+def report_production(instance, alias: str, decision_id: str, model_version=None, prompt_version=None) -> None:
+    """What is in production is the data version of vlm_model / caption_prompt: reported when it moves, so
+    Dagster's staleness view marks every batch captioned before as stale (``video-assets reprocess`` redoes
+    exactly those)."""
+    for asset, version in (("vlm_model", model_version), ("caption_prompt", prompt_version)):
+        if version:
+            instance.report_runless_asset_event(
+                AssetMaterialization(
+                    asset_key=asset,
+                    tags={DATA_VERSION_TAG: f"v{version}"},
+                    metadata={"alias": alias, "version": str(version), "promoted_by": decision_id},
+                )
+            )
 
 
 def _shadow_sample(tables: DeltaTables, readable: pl.DataFrame, golden_ids: list[str], n: int) -> list[str]:
@@ -325,6 +342,7 @@ def promotion(
             reg.set_alias("model", name, vlm.alias, cm)
         if cp:
             reg.set_alias("prompt", CAPTION_PROMPT_NAME, vlm.alias, cp)
+        report_production(context.instance, vlm.alias, decision["decision_id"], cm, cp)
     # Undecided (too few labelled videos): the challenger stays, for a run with more labels or force.
     if gate["decision"] == UNDECIDED and not forced:
         cm = cp = None
