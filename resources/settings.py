@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from dagster import EnvVar
@@ -74,6 +74,11 @@ def ray_auth_token_path() -> Path:
     """This instance's Ray token: one per DAGSTER_HOME, so two instances on a machine (or a stale
     ``~/.ray/auth_token`` from another tool) never share one."""
     return dagster_home() / "ray" / "auth_token"
+
+
+def stream_credentials() -> Mapping[str, str]:
+    """Where a camera's ``username_env`` / ``password_env`` are looked up: this process's environment."""
+    return os.environ
 
 
 def review_token_path() -> Path:

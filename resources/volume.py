@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat as stat_mod
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO
 
 import pyarrow.fs as pafs
@@ -52,6 +53,13 @@ class VideoVolume(ConfigurableResource):
         # Before the step or sensor tick does any work: a missing volume is named as such, not
         # reported as every file "missing".
         self.check_reachable()
+
+    def stream_folder(self, camera: str) -> Path:
+        """Where the recorder writes a camera's segments: ``streams/<camera>`` in a local volume (a recorder
+        writing to an object store is not built: a ValueError naming VIDEO_VOLUME_URI)."""
+        if is_remote(self.uri):
+            raise ValueError(f"VIDEO_VOLUME_URI={self.uri}: the recorder writes to a local volume only")
+        return Path(self.uri.removeprefix("file://")) / "streams" / camera
 
     def check_reachable(self) -> None:
         """A local volume must be a readable folder; raises ``VolumeUnavailable`` naming

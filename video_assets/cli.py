@@ -145,6 +145,60 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     return ok
 
 
+def record_command(args) -> int:
+    """Record every camera of ``--config`` into the volume (``core.streams``), one thread per camera, until
+    interrupted (or ``--seconds``); each finished segment is a ``stream_segments`` row."""
+    import signal
+    import threading
+    from datetime import UTC, datetime
+
+    from video_assets.core.streams.config import load_cameras
+    from video_assets.core.streams.recorder import Recorder
+    from video_assets.core.tables import KEYS, STREAM_SEGMENTS, to_arrow
+
+    try:
+        cameras = load_cameras(args.config)
+    except ValueError as exc:
+        print(f"video-assets record: {exc}", file=sys.stderr)
+        return 2
+    res = _resources()
+    volume, tables = res["volume"], res["tables"]
+    try:
+        folders = {c.name: volume.stream_folder(c.name) for c in cameras}
+    except ValueError as exc:
+        print(f"video-assets record: {exc}", file=sys.stderr)
+        return 2
+    stop, lock = threading.Event(), threading.Lock()
+
+    def on_segment(row: dict) -> None:
+        with lock:  # one writer at a time: each row one commit, keyed by the file (a rerun writes it once)
+            tables.merge(
+                STREAM_SEGMENTS,
+                to_arrow(STREAM_SEGMENTS, [{**row, "recorded_at": datetime.now(UTC)}]),
+                KEYS[STREAM_SEGMENTS],
+            )
+        print(f"{row['camera']}: {row['uri']} ({row['duration_s']:.1f} s, {row['frames']} frames; {row['reason']})")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    if args.seconds:
+        threading.Timer(args.seconds, stop.set).start()
+    for c in cameras:
+        print(f"recording {c.name} from {c.redacted} into {folders[c.name]} (segments of {c.segment_s:g} s)")
+    from resources.settings import stream_credentials
+
+    recorders = [Recorder(c, folders[c.name], on_segment, stop, env=stream_credentials()) for c in cameras]
+    threads = [threading.Thread(target=r.record) for r in recorders]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        stop.wait(0.5)
+        if stop.is_set():
+            for t in threads:
+                t.join(timeout=60)
+    return 0
+
+
 def reprocess_command(args) -> int:
     """The batches whose rows came from a model, prompt or structuring no longer in production, each run
     again through exactly the assets downstream of what changed (``defs.maintenance.reprocess``)."""
@@ -480,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
         help="one per engine group the cluster's GPUs hold (RAY_ADDRESS; vlm concurrency x tensor_parallel_size GPUs each)",
     )
     sub.add_parser("review-token", help="print this instance's reviewer token (the review page's writes need it)")
+    rec = sub.add_parser("record", help="record live cameras (a TOML of [[camera]] tables) into the volume")
+    rec.add_argument("--config", required=True, help="camera config file (docs/streams.md)")
+    rec.add_argument(
+        "--seconds", type=float, default=None, help="stop after this many seconds (default: until stopped)"
+    )
     rep = sub.add_parser(
         "reprocess", help="run again the batches whose rows are not from the production model, prompt or structuring"
     )
@@ -504,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         return pools_command(args)
     if args.command == "serve":
         return serve_command(args)
+    if args.command == "record":
+        return record_command(args)
     if args.command == "reprocess":
         return reprocess_command(args)
     if args.command == "review-token":

@@ -35,6 +35,7 @@ CURATED_FRAMES = "frames"
 SAMPLED_FRAMES = "sampled_frames"
 REVIEW_LABELS = "review_labels"
 PROMOTION_DIFFS = "promotion_diffs"
+STREAM_SEGMENTS = "stream_segments"
 # What the promotion job makes to judge a challenger against production on a golden set: tables of their
 # own (the captions, structured_events and eval_scores schemas), so the pipeline's tables hold only what
 # their own assets wrote.
@@ -431,6 +432,26 @@ SCHEMAS[SAMPLED_FRAMES] = pa.schema(
         pa.field("sampled_at", _TS, nullable=False, metadata={"doc": "when written"}),
     ]
 )
+# Each segment a camera's recorder wrote into the volume (core.streams.recorder), with the gap before it.
+SCHEMAS[STREAM_SEGMENTS] = pa.schema(
+    [
+        pa.field("uri", pa.string(), nullable=False, metadata={"doc": "the segment's file in the volume"}),
+        pa.field("camera", pa.string(), nullable=False, metadata={"doc": "camera name (the config's)"}),
+        pa.field("source", pa.string(), nullable=False, metadata={"doc": "the stream URL, without credentials"}),
+        pa.field("started_at", _TS, nullable=False, metadata={"doc": "wall-clock start of the segment"}),
+        pa.field("ended_at", _TS, nullable=False, metadata={"doc": "wall-clock end (start + its duration)"}),
+        pa.field("duration_s", pa.float64(), nullable=False, metadata={"doc": "seconds of video"}),
+        pa.field("frames", pa.int32(), nullable=False, metadata={"doc": "video packets (frames) in the file"}),
+        pa.field("gap_before_s", pa.float64(), metadata={"doc": "seconds since the camera's previous segment ended"}),
+        pa.field(
+            "reason",
+            pa.string(),
+            nullable=False,
+            metadata={"doc": "why the segment starts here: first, cut, or why the stream stopped before it"},
+        ),
+        pa.field("recorded_at", _TS, nullable=False, metadata={"doc": "when the file was renamed into the volume"}),
+    ]
+)
 # What a challenger changes (core.evaluation.diff): per promotion decision, use case and video, both
 # candidates' answers side by side, over the golden videos and a shadow sample of the archive.
 SCHEMAS[PROMOTION_DIFFS] = pa.schema(
@@ -555,6 +576,7 @@ KEYS: dict[str, list[str]] = {
     SAMPLED_FRAMES: ["video_id", "segment", "frame", "model_version", "prompt_version"],
     REVIEW_LABELS: ["label_id"],
     PROMOTION_DIFFS: ["decision_id", "use_case", "video_id"],
+    STREAM_SEGMENTS: ["uri"],
 }
 
 

@@ -13,8 +13,8 @@ from dagster import AssetKey, AssetSelection, DagsterInstance
 
 from video_assets.core.staleness import stale_batches
 from video_assets.core.tables import CAPTIONS, SCHEMAS, STRUCTURED_EVENTS
+from video_assets.defs.common import PER_BATCH_TAG
 from video_assets.defs.engines import structurer_id
-from video_assets.defs.ingest.jobs import per_batch_assets
 from video_assets.defs.partitions import consecutive_ranges
 from video_assets.defs.registry import CAPTION_PROMPT_NAME
 
@@ -38,7 +38,7 @@ def reprocess_plan(instance: DagsterInstance, graph, tables, registry, vlm, stru
     done: dict[AssetKey, set[str]] = {}
     plan = []
     for batch, info in stale.items():
-        keys = (AssetSelection.assets(info["root"]).downstream() & per_batch_assets).resolve(graph)
+        keys = (AssetSelection.assets(info["root"]).downstream() & AssetSelection.tag(*PER_BATCH_TAG)).resolve(graph)
         for key in keys:
             if key not in done:
                 done[key] = set(instance.get_materialized_partitions(key))

@@ -1,0 +1,164 @@
+"""Live cameras, first part: cameras as configuration and the recorder (core.streams), against a real HLS
+stream served over HTTP on 127.0.0.1 (written here with PyAV, served by Python's HTTP server): segments
+of the configured length cut at keyframes without re-encoding, every frame exactly once, renamed into
+the volume when whole; a camera whose URL is wrong never stops the others."""
+
+import functools
+import http.server
+import threading
+
+import av
+import numpy as np
+import pytest
+
+from video_assets.core.streams.config import Camera, load_cameras, redacted
+from video_assets.core.streams.recorder import CUT, ENDED, FIRST, Recorder, record_all
+
+RATE, FRAMES, GOP = 10, 120, 10  # 12 s, a keyframe every second
+
+
+def _frames(path_or_url: str) -> list[np.ndarray]:
+    with av.open(path_or_url) as c:
+        return [f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])]
+
+
+@pytest.fixture(scope="module")
+def hls(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hls")
+    tex = np.random.default_rng(5).integers(0, 255, (96, 480, 3), dtype=np.uint8)
+    options = {"hls_time": "2", "hls_list_size": "0", "hls_segment_type": "mpegts"}
+    with av.open(str(root / "live.m3u8"), "w", format="hls", options=options) as out:
+        s = out.add_stream("libx264", rate=RATE, options={"g": str(GOP), "bf": "0", "sc_threshold": "0"})
+        s.width, s.height, s.pix_fmt = 160, 96, "yuv420p"
+        for i in range(FRAMES):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(tex[:, i * 2 : i * 2 + 160]), format="rgb24")
+            for p in s.encode(frame):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/live.m3u8"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+def test_cameras_are_configuration_and_a_bad_entry_names_its_camera(tmp_path, monkeypatch):
+    good = tmp_path / "cameras.toml"
+    good.write_text(
+        '[[camera]]\nname = "dock-1"\nurl = "rtsp://10.0.0.5:554/s1"\nusername_env = "DOCK_USER"\n'
+        'password_env = "DOCK_PASSWORD"\n\n[[camera]]\nname = "gate"\nurl = "https://cams.example/gate/index.m3u8?token=t0p"\n'
+        "segment_s = 10\n"
+    )
+    dock, gate = load_cameras(good)
+    assert (dock.segment_s, gate.segment_s) == (30.0, 10.0)
+    monkeypatch.setenv("DOCK_USER", "ops")
+    monkeypatch.setenv("DOCK_PASSWORD", "s3cr3t/!")
+    import os
+
+    assert dock.open_url(os.environ) == "rtsp://ops:s3cr3t%2F%21@10.0.0.5:554/s1"  # only for the demuxer
+    assert dock.open_url({}) == "rtsp://10.0.0.5:554/s1"
+    assert "s3cr3t" not in dock.redacted and "token" not in gate.redacted  # what logs and tables show
+    assert redacted("rtsp://u:p@h:1/x?k=v") == "rtsp://h:1/x"
+    for body, why in [
+        ('[[camera]]\nname = "a"\nurl = "rtsp://user:pw@h/x"\n', "camera 'a'.*username_env"),
+        ('[[camera]]\nname = "b"\nurl = "ftp://h/x"\n', "camera 'b'.*unsupported scheme"),
+        ('[[camera]]\nname = "c"\nurl = "http://h/x.mp4"\n', "camera 'c'.*m3u8"),
+        ('[[camera]]\nname = "d"\nurl = "/dev/video0"\nsegment_s = 0\n', "camera 'd'.*segment_s"),
+        ('[[camera]]\nname = "e"\nurl = "/dev/video0"\ncolour = "red"\n', "camera 'e'.*colour"),
+        ('[[camera]]\nname = "bad name!"\nurl = "/dev/video0"\n', r"camera 'bad\?name\?'.*name"),
+        ('[[camera]]\nname = "f"\nurl = "/a"\n[[camera]]\nname = "f"\nurl = "/b"\n', "camera 'f'.*twice"),
+        ("[[camera]]\nurl = 3\n", "camera '#1'"),
+        ("cameras = 1\n", "unknown top-level"),
+        ("not toml [", "not TOML"),
+    ]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(body)
+        with pytest.raises(ValueError, match=why):
+            load_cameras(bad)
+
+
+def test_the_recorder_cuts_at_keyframes_and_loses_or_repeats_no_frame(hls, tmp_path):
+    rows = []
+    camera = Camera(name="lab", url=hls, segment_s=3)
+    recorder = Recorder(camera, tmp_path / "streams" / "lab", rows.append)
+    recorder.record(max_connects=1)  # the playlist ends: one connection, then done
+    files = sorted((tmp_path / "streams" / "lab").iterdir())
+    assert [f.suffix for f in files] == [".mp4"] * 4 and not any(f.name.startswith(".") for f in files)
+    # Cut at the first keyframe at or after 3 s: 30 frames each (one GOP is 1 s), the stream's end last.
+    assert [r["frames"] for r in rows] == [30, 30, 30, 30]
+    assert [r["duration_s"] for r in rows] == pytest.approx([3.0, 3.0, 3.0, 3.0])
+    assert [r["reason"] for r in rows] == [FIRST, CUT, CUT, CUT]
+    assert [r["uri"] for r in rows] == [str(f) for f in files]
+    # Contiguous in time, and no frame lost or repeated across a cut: the segments decode to the source.
+    assert rows[0]["gap_before_s"] is None and [r["gap_before_s"] for r in rows[1:]] == [0.0, 0.0, 0.0]
+    assert all(a["ended_at"] == b["started_at"] for a, b in zip(rows, rows[1:]))
+    recorded = [f for path in files for f in _frames(str(path))]
+    source = _frames(hls)
+    assert len(recorded) == len(source) == FRAMES
+    assert all(np.array_equal(a, b) for a, b in zip(recorded, source))  # remuxed, never re-encoded
+    with av.open(str(files[1])) as c:  # each file starts at 0 and on a keyframe
+        first = next(c.demux(c.streams.video[0]))
+        assert first.is_keyframe and first.pts == 0
+
+
+def test_a_camera_with_a_wrong_url_never_stops_the_others(hls, tmp_path):
+    rows = []
+    cameras = [
+        Camera(name="good", url=hls, segment_s=5),
+        Camera(name="wrong", url=hls.rsplit("/", 1)[0] + "/none.m3u8", stall_s=2),
+    ]
+    recorders = record_all(cameras, tmp_path, rows.append, threading.Event(), max_connects=2)
+    by_name = {r.camera.name: r for r in recorders}
+    # The playlist ends, the recorder connects again after a backoff and records it again: a gap row says so.
+    assert by_name["good"].segments == 6 and sum(r["frames"] for r in rows) == 2 * FRAMES
+    assert [r["reason"] for r in rows] == [FIRST, CUT, CUT, ENDED, CUT, CUT]
+    assert rows[3]["gap_before_s"] >= 0 and rows[3]["started_at"] >= rows[2]["ended_at"]
+    assert by_name["wrong"].segments == 0 and by_name["wrong"].connects == 2
+    assert {r["camera"] for r in rows} == {"good"}
+    assert not (tmp_path / "streams" / "wrong").exists() or not any((tmp_path / "streams" / "wrong").iterdir())
+
+
+@pytest.mark.slow
+def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import polars as pl
+
+    from resources.delta import DeltaTables
+    from resources.volume import VideoVolume
+    from tests.fixtures.samples import REPO
+    from video_assets.defs.ingest.registration import register_new_files
+
+    volume, tables = tmp_path / "volume", tmp_path / "tables"
+    volume.mkdir()
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "VIDEO_VOLUME_URI": str(volume)}
+    env |= {"VIDEO_TABLES_URI": str(tables), "PYTHONPATH": str(REPO), "CAM_PASSWORD": "hunter2"}
+    (tmp_path / "home").mkdir()
+    config = tmp_path / "cams.toml"
+    config.write_text(f'[[camera]]\nname = "lab"\nurl = "{hls}"\nsegment_s = 3\npassword_env = "CAM_PASSWORD"\n')
+    cli = [sys.executable, "-m", "video_assets.cli"]
+    done = subprocess.run([*cli, "record", "--config", str(config), "--seconds", "4"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "hunter2" not in done.stdout + done.stderr
+    files = sorted((volume / "streams" / "lab").iterdir())
+    assert len(files) >= 4 and not any(f.name.startswith(".") for f in files)
+    rows = pl.read_delta(str(tables / "stream_segments")).sort("started_at")
+    assert sorted(rows["uri"]) == [str(f) for f in files] and set(rows["camera"]) == {"lab"}
+    assert rows["frames"][:4].to_list() == [30, 30, 30, 30] and "hunter2" not in str(rows.to_dicts())
+    # The upload sensor's registration sees every finished segment (the same bytes twice: a duplicate).
+    plan = register_new_files(VideoVolume(uri=str(volume)), DeltaTables(root_uri=str(tables)))
+    manifest = pl.read_delta(str(tables / "batch_manifest"))
+    assert manifest.height == len(files) and plan.batches
+    # A bad entry is refused before anything starts, naming the camera.
+    config.write_text('[[camera]]\nname = "lab"\nurl = "ftp://x/y"\n')
+    bad = subprocess.run([*cli, "record", "--config", str(config)], env=env, cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "camera 'lab'" in bad.stderr

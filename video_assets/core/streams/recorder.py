@@ -1,0 +1,215 @@
+"""The recorder of one camera: its stream read with PyAV and cut at keyframes into segments of about
+``segment_s`` without re-encoding (the packets are remuxed as they came), each written as
+``.<name>.part`` and renamed into ``streams/<camera>/<UTC start>.mp4`` when whole, so the upload sensor
+registers each finished segment exactly once. Pure of Dagster: the caller says where the volume's folder is
+and what to do with each segment's row (``on_segment``: the ``stream_segments`` table).
+
+A stream that is not there yet, ends, stalls (no packet for ``stall_s``: the demuxer's read timeout) or
+sends what cannot be demuxed closes the segment being written (kept: it is valid up to its last packet) and
+is opened again after a backoff with jitter (1 s doubling to ``max_backoff_s``); the next segment's row says
+why there was a gap and how long it was. Nothing here raises out of ``record``: it returns when ``stop`` is
+set or after ``max_connects`` attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import av
+
+from video_assets.core.streams.config import Camera
+
+log = logging.getLogger(__name__)
+FIRST, CUT, RECONNECT, ENDED, STOPPED = "first", "cut", "reconnect", "stream ended", "stopped"
+
+
+@dataclass
+class _Open:
+    """The segment being written."""
+
+    part: Path
+    final: Path
+    container: object
+    stream: object
+    started_at: datetime  # wall clock of its first packet
+    first_pts: int
+    last_pts: int
+    last_duration: int
+    frames: int = 0
+
+
+def _name(started_at: datetime) -> str:
+    return started_at.strftime("%Y%m%dT%H%M%S.%fZ")[:-4] + "Z"  # milliseconds: two segments never collide
+
+
+def _options(camera: Camera) -> dict[str, str]:
+    timeout_us = str(int(camera.stall_s * 1_000_000))
+    if camera.url.startswith(("rtsp://", "rtsps://")):
+        return {"rtsp_transport": "tcp", "timeout": timeout_us}
+    return {"rw_timeout": timeout_us}
+
+
+class Recorder:
+    """Records one camera into ``folder`` (the volume's ``streams/<camera>``) until ``stop`` is set."""
+
+    def __init__(
+        self,
+        camera: Camera,
+        folder: Path,
+        on_segment: Callable[[dict], None],
+        stop: threading.Event | None = None,
+        max_backoff_s: float = 30.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        env: Mapping[str, str] | None = None,
+    ):
+        self.camera, self.folder, self.on_segment = camera, Path(folder), on_segment
+        self.env = env or {}  # where username_env / password_env are looked up
+        self.stop = stop or threading.Event()
+        self.max_backoff_s, self.clock = max_backoff_s, clock
+        self.segments = 0
+        self.connects = 0
+        self._reason = FIRST  # why the next segment starts where it does
+        self._last_end: datetime | None = None
+        # Within one connection a segment starts where the one before ended (the stream's own clock); the
+        # first segment of a connection starts at the wall clock of its first packet.
+        self._next_start: datetime | None = None
+
+    # -- one segment -----------------------------------------------------------------------------------
+
+    def _start(self, template, packet) -> _Open:
+        # A new connection's first segment never starts before the last one ended (a stream read faster than
+        # real time, e.g. an HLS playlist's back segments, runs its own clock ahead of the wall clock).
+        started_at = self._next_start or max(self.clock(), self._last_end or datetime.min.replace(tzinfo=UTC))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / f"{_name(started_at)}.mp4"
+        part = self.folder / f".{final.name}.part"
+        container = av.open(str(part), "w", format="mp4")
+        stream = container.add_stream_from_template(template)
+        return _Open(part, final, container, stream, started_at, packet.pts, packet.pts, packet.duration or 0)
+
+    def _write(self, seg: _Open, packet) -> None:
+        # Times from 0 in each file; the packets themselves are not decoded or encoded.
+        packet.pts -= seg.first_pts
+        packet.dts = (packet.dts - seg.first_pts) if packet.dts is not None else None
+        packet.stream = seg.stream
+        seg.container.mux(packet)
+        seg.frames += 1
+
+    def _finish(self, seg: _Open, time_base, reason_next: str) -> None:
+        try:
+            seg.container.close()
+        except Exception as exc:  # a segment that cannot be finished is dropped, and said so
+            log.warning("%s: segment %s could not be closed (%s); dropped", self.camera.name, seg.final.name, exc)
+            seg.part.unlink(missing_ok=True)
+            self._reason = f"{RECONNECT}: a segment was lost ({exc.__class__.__name__})"
+            return
+        duration_s = float((seg.last_pts - seg.first_pts + seg.last_duration) * time_base)
+        seg.part.rename(seg.final)  # whole: only now can the sensor see it
+        ended_at = seg.started_at + timedelta(seconds=duration_s)
+        gap = None if self._last_end is None else (seg.started_at - self._last_end).total_seconds()
+        row = {
+            "camera": self.camera.name,
+            "uri": str(seg.final),
+            "source": self.camera.redacted,
+            "started_at": seg.started_at,
+            "ended_at": ended_at,
+            "duration_s": duration_s,
+            "frames": seg.frames,
+            "gap_before_s": gap,
+            "reason": self._reason,
+        }
+        self._last_end, self._reason = ended_at, reason_next
+        self._next_start = ended_at if reason_next == CUT else None
+        self.segments += 1
+        self.on_segment(row)
+
+    # -- one connection -----------------------------------------------------------------------------
+
+    def _session(self) -> str:
+        """Read the stream until it ends, fails or ``stop``; returns why it ended (the next gap's reason)."""
+        try:
+            container = av.open(
+                self.camera.open_url(self.env), options=_options(self.camera), timeout=self.camera.stall_s
+            )
+        except Exception as exc:
+            return f"{RECONNECT}: cannot open the stream ({exc.__class__.__name__})"
+        seg: _Open | None = None
+        why = ENDED
+        try:
+            if not container.streams.video:
+                return f"{RECONNECT}: no video stream"
+            src = container.streams.video[0]
+            tb = src.time_base
+            shape = (src.codec_context.name, src.codec_context.width, src.codec_context.height)
+            for packet in container.demux(src):
+                if self.stop.is_set():
+                    why = STOPPED
+                    break
+                if packet.pts is None or packet.size == 0:
+                    continue
+                if seg is None:
+                    if not packet.is_keyframe:
+                        continue  # a segment starts on a keyframe: nothing before it decodes
+                    seg = self._start(src, packet)
+                elif packet.is_keyframe and (packet.pts - seg.first_pts) * tb >= self.camera.segment_s:
+                    self._finish(seg, tb, CUT)
+                    seg = self._start(src, packet)
+                elif packet.pts < seg.last_pts - 10 * max(1, seg.last_duration):
+                    why = f"{RECONNECT}: timestamps went back"
+                    break
+                now = (src.codec_context.name, src.codec_context.width, src.codec_context.height)
+                if now != shape:  # a new resolution or codec: a new segment, opened on the next connection
+                    why = f"{RECONNECT}: the stream changed from {shape} to {now}"
+                    break
+                seg.last_pts, seg.last_duration = packet.pts, packet.duration or seg.last_duration
+                self._write(seg, packet)
+        except av.error.FFmpegError as exc:
+            why = f"{RECONNECT}: {exc.__class__.__name__} while reading"
+        except Exception as exc:  # never a crashed recorder: the next connection starts clean
+            log.exception("%s: unexpected error while recording", self.camera.name)
+            why = f"{RECONNECT}: {exc.__class__.__name__}"
+        finally:
+            if seg is not None:  # kept: valid up to its last packet; the next one says why it stopped here
+                self._finish(seg, src.time_base, why)
+            try:
+                container.close()
+            except Exception:
+                pass
+        return why
+
+    def record(self, max_connects: int | None = None) -> None:
+        """Connect, record, reconnect after a backoff with jitter, until ``stop`` (or ``max_connects``)."""
+        backoff = 1.0
+        while not self.stop.is_set() and (max_connects is None or self.connects < max_connects):
+            self.connects += 1
+            before = self.segments
+            why = self._session()
+            if self.stop.is_set():
+                break
+            log.info("%s (%s): %s", self.camera.name, self.camera.redacted, why)
+            backoff = 1.0 if self.segments > before else min(self.max_backoff_s, backoff * 2)
+            self.stop.wait(backoff * random.uniform(0.5, 1.0))
+        # a stop sets no gap reason: the next run of the recorder starts its own first segment
+
+
+def record_all(
+    cameras: list[Camera], root: Path, on_segment, stop: threading.Event, max_connects=None, env=None
+) -> list:
+    """One thread per camera (a camera that fails never stops the others); returns when all are done."""
+    recorders = [Recorder(c, Path(root) / "streams" / c.name, on_segment, stop, env=env) for c in cameras]
+    threads = [
+        threading.Thread(target=r.record, kwargs={"max_connects": max_connects}, name=f"record-{r.camera.name}")
+        for r in recorders
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(timeout=0.5)
+    return recorders
