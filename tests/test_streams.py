@@ -5,7 +5,10 @@ the volume when whole; a camera whose URL is wrong never stops the others."""
 
 import functools
 import http.server
+import os
+import signal
 import threading
+import time
 
 import av
 import numpy as np
@@ -59,8 +62,6 @@ def test_cameras_are_configuration_and_a_bad_entry_names_its_camera(tmp_path, mo
     assert (dock.segment_s, gate.segment_s) == (30.0, 10.0)
     monkeypatch.setenv("DOCK_USER", "ops")
     monkeypatch.setenv("DOCK_PASSWORD", "s3cr3t/!")
-    import os
-
     assert dock.open_url(os.environ) == "rtsp://ops:s3cr3t%2F%21@10.0.0.5:554/s1"  # only for the demuxer
     assert dock.open_url({}) == "rtsp://10.0.0.5:554/s1"
     assert "s3cr3t" not in dock.redacted and "token" not in gate.redacted  # what logs and tables show
@@ -126,7 +127,6 @@ def test_a_camera_with_a_wrong_url_never_stops_the_others(hls, tmp_path):
 
 @pytest.mark.slow
 def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path):
-    import os
     import subprocess
     import sys
 
@@ -162,3 +162,141 @@ def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path)
     config.write_text('[[camera]]\nname = "lab"\nurl = "ftp://x/y"\n')
     bad = subprocess.run([*cli, "record", "--config", str(config)], env=env, cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "camera 'lab'" in bad.stderr
+
+
+# -- a real RTSP server (GStreamer's, tests/fixtures/rtsp_server.py) ----------------------------------------
+
+RTSP_FRAMES = 80  # 8 s at 10 fps, a keyframe a second: the server sends it at its own pace
+
+
+def _rtsp_available() -> bool:
+    import subprocess
+
+    probe = "import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer"
+    try:
+        return subprocess.run(["/usr/bin/python3", "-c", probe], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="module")
+def rtsp_clip(tmp_path_factory):
+    if not _rtsp_available():
+        why = "no GStreamer RTSP server: apt-get install gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-good gstreamer1.0-plugins-bad (.ci/run does)"
+        if os.environ.get("CI"):
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
+    path = tmp_path_factory.mktemp("rtsp") / "clip.mp4"
+    tex = np.random.default_rng(9).integers(0, 255, (96, 400, 3), dtype=np.uint8)
+    with av.open(str(path), "w") as out:
+        s = out.add_stream("libx264", rate=RATE, options={"g": str(GOP), "bf": "0", "sc_threshold": "0"})
+        s.width, s.height, s.pix_fmt = 160, 96, "yuv420p"
+        for i in range(RTSP_FRAMES):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(tex[:, i * 2 : i * 2 + 160]), format="rgb24")
+            for p in s.encode(frame):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return path
+
+
+def _serve_rtsp(clip, port: int):
+    import subprocess
+
+    from tests.fixtures.samples import REPO
+
+    script = REPO / "tests" / "fixtures" / "rtsp_server.py"
+    proc = subprocess.Popen(
+        ["/usr/bin/python3", str(script), "--port", str(port), "--file", str(clip)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout.readline().strip() == "ready", "the RTSP server did not start"
+    return proc
+
+
+@pytest.mark.slow
+def test_an_rtsp_camera_started_late_and_killed_mid_stream_is_recorded_with_its_gaps(rtsp_clip, tmp_path):
+    from tests.fixtures.processes import free_port, stop
+
+    port, rows = free_port(), []
+    camera = Camera(name="dock", url=f"rtsp://127.0.0.1:{port}/cam", segment_s=2, stall_s=3)
+    halt = threading.Event()
+    recorder = Recorder(camera, tmp_path / "streams" / "dock", rows.append, halt, max_backoff_s=2)
+    thread = threading.Thread(target=recorder.record, daemon=True)
+    thread.start()  # before the server: the recorder waits for it
+    try:
+        halt.wait(2)
+        server = _serve_rtsp(rtsp_clip, port)
+        # The first connection: about 4 s of the clip, then the server is killed mid-stream and restarted.
+        deadline = time.monotonic() + 60
+        while len(rows) < 2 and time.monotonic() < deadline:
+            halt.wait(0.2)
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+        server = _serve_rtsp(rtsp_clip, port)
+        while not any(r["reason"].startswith("reconnect") or r["reason"] == ENDED for r in rows[2:]):
+            assert time.monotonic() < deadline, rows
+            halt.wait(0.2)
+        while len([r for r in rows if r["started_at"] >= rows[2]["started_at"]]) < 2:
+            assert time.monotonic() < deadline, rows
+            halt.wait(0.2)
+    finally:
+        halt.set()
+        thread.join(timeout=30)
+        stop(server)
+    assert recorder.connects >= 3  # refused before the server was up, then the two servers
+    assert rows[0]["reason"] == FIRST and rows[1]["reason"] == CUT
+    # After the kill: the segment cut short is kept, the next says why the stream stopped, and when.
+    resumed = next(i for i, r in enumerate(rows) if i >= 2 and r["reason"] not in (CUT,))
+    assert rows[resumed]["reason"].startswith("reconnect") or rows[resumed]["reason"] == ENDED
+    assert rows[resumed]["gap_before_s"] >= 0
+    for r in rows[:-1]:  # each segment plays, starts on a keyframe, holds the frames its row says
+        frames = _frames(r["uri"])
+        assert len(frames) == r["frames"] > 0
+    assert [r["frames"] for r in rows[:2]] == [20, 20]  # 2 s at 10 fps, cut at keyframes
+    assert not any(p.name.startswith(".") for p in (tmp_path / "streams" / "dock").iterdir())
+
+
+def test_a_stalled_or_garbage_stream_is_retried_never_a_crashed_recorder(tmp_path):
+    import socket
+
+    def serve(behaviour):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        sock.settimeout(0.2)
+        done = threading.Event()
+
+        def loop():
+            while not done.is_set():
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    continue
+                with conn:
+                    behaviour(conn, done)
+
+        threading.Thread(target=loop, daemon=True).start()
+        return sock.getsockname()[1], done
+
+    def garbage(conn, done):
+        try:
+            conn.sendall(np.random.default_rng(1).integers(0, 255, 65536, dtype=np.uint8).tobytes())
+        except OSError:
+            pass
+
+    def stall(conn, done):
+        done.wait(5)  # accepts, then says nothing
+
+    ports = {name: serve(b) for name, b in (("garbage", garbage), ("stall", stall))}
+    rows = []
+    cameras = [Camera(name=n, url=f"rtsp://127.0.0.1:{p}/cam", stall_s=1) for n, (p, _) in ports.items()]
+    started = time.monotonic()
+    recorders = record_all(cameras, tmp_path, rows.append, threading.Event(), max_connects=2)
+    for _, done in ports.values():
+        done.set()
+    assert [r.connects for r in recorders] == [2, 2] and rows == []
+    assert time.monotonic() - started < 30  # the stall is cut by stall_s, not waited out
