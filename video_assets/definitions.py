@@ -7,6 +7,7 @@ from dagster_ray.configs import Lifecycle
 
 from resources.archive import FRAMES, PACKAGED, SPEECH, TEXT, ArchiveSettings
 from resources.curation import CurationStore
+from resources.delivery import AlertDestinations
 from resources.delta import DeltaTables
 from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
@@ -30,6 +31,7 @@ from resources.volume import VideoVolume
 from video_assets.defs import (
     captioning,
     curation,
+    delivery,
     embeddings,
     evaluation,
     ingest,
@@ -49,6 +51,7 @@ STAGES = (
     captioning,
     structuring,
     routing,
+    delivery,
     evaluation,
     promotion,
     transcripts,
@@ -94,6 +97,11 @@ def build_resources() -> dict:
             use_cases=env_or("VIDEO_USE_CASES", "object_handling"),
             model=env_or("STRUCTURER_MODEL", CAPTIONER),
             engine=env_or("STRUCTURER_ENGINE", "auto"),
+        ),
+        # Webhooks new alerts are posted to (alert_delivery_sensor); none when unset.
+        "alert_delivery": AlertDestinations(
+            config_file=env_or("VIDEO_ALERT_DESTINATIONS", ""),
+            service_url=env_or("VIDEO_SERVICE_URL", "http://127.0.0.1:8300"),
         ),
         # An OpenAI-compatible LLM (vLLM's server) for summaries and the ask agent; none when unset.
         "llm": LlmSettings(

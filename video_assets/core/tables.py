@@ -36,6 +36,7 @@ SAMPLED_FRAMES = "sampled_frames"
 REVIEW_LABELS = "review_labels"
 PROMOTION_DIFFS = "promotion_diffs"
 STREAM_SEGMENTS = "stream_segments"
+ALERT_DELIVERIES = "alert_deliveries"
 # What the promotion job makes to judge a challenger against production on a golden set: tables of their
 # own (the captions, structured_events and eval_scores schemas), so the pipeline's tables hold only what
 # their own assets wrote.
@@ -432,6 +433,23 @@ SCHEMAS[SAMPLED_FRAMES] = pa.schema(
         pa.field("sampled_at", _TS, nullable=False, metadata={"doc": "when written"}),
     ]
 )
+# Each (alert, webhook destination): sent once, or retried until it is (core.delivery.webhooks).
+SCHEMAS[ALERT_DELIVERIES] = pa.schema(
+    [
+        pa.field("alert_id", pa.string(), nullable=False, metadata={"doc": "hash of the alert's key"}),
+        pa.field("destination", pa.string(), nullable=False, metadata={"doc": "destination name (its config)"}),
+        pa.field("video_id", pa.string(), nullable=False, metadata={"doc": "the alert's video"}),
+        pa.field("use_case", pa.string(), nullable=False, metadata={"doc": "the alert's use case"}),
+        pa.field("status", pa.string(), nullable=False, metadata={"doc": "sent | retrying"}),
+        pa.field("attempts", pa.int32(), nullable=False, metadata={"doc": "requests made"}),
+        pa.field("http_status", pa.int32(), metadata={"doc": "the last answer's status; null: no answer"}),
+        pa.field("error", pa.string(), metadata={"doc": "why the last attempt failed"}),
+        pa.field("first_attempt_at", _TS, nullable=False, metadata={"doc": "first request"}),
+        pa.field("last_attempt_at", _TS, nullable=False, metadata={"doc": "last request"}),
+        pa.field("next_attempt_at", _TS, nullable=False, metadata={"doc": "when a retry is due"}),
+        pa.field("sent_at", _TS, metadata={"doc": "when the destination accepted it (2xx)"}),
+    ]
+)
 # Each segment a camera's recorder wrote into the volume (core.streams.recorder), with the gap before it.
 SCHEMAS[STREAM_SEGMENTS] = pa.schema(
     [
@@ -577,6 +595,7 @@ KEYS: dict[str, list[str]] = {
     REVIEW_LABELS: ["label_id"],
     PROMOTION_DIFFS: ["decision_id", "use_case", "video_id"],
     STREAM_SEGMENTS: ["uri"],
+    ALERT_DELIVERIES: ["alert_id", "destination"],
 }
 
 

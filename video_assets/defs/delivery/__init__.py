@@ -1,0 +1,7 @@
+"""Delivery: new alerts to the configured webhooks, once each (a sensor)."""
+
+from dagster import Definitions
+
+from video_assets.defs.delivery.sensors import alert_delivery_sensor
+
+defs = Definitions(sensors=[alert_delivery_sensor])
