@@ -105,3 +105,22 @@ def test_a_new_split_makes_the_old_rows_stale_and_restructures_the_video():
     legacy = done.drop("caption_digest")
     assert plan_structuring(whole, legacy, [uc], sid).stale == 1
     assert rows_without_caption(legacy, whole).is_empty()  # not judged by the check (counted apart)
+
+
+def test_a_camera_alert_is_placed_in_the_cameras_own_time():
+    from datetime import UTC, datetime, timedelta
+
+    from video_assets.core.routing import wall_clock
+
+    began = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+    segment = {"camera": "dock", "started_at": began}
+    row = {"start_s": 4.0, "end_s": 6.5}
+    got = wall_clock(row, segment, began + timedelta(seconds=50))
+    assert got == {
+        "camera": "dock",
+        "wall_start": began + timedelta(seconds=4),
+        "wall_end": began + timedelta(seconds=6.5),
+        "detected_after_s": 46.0,
+    }
+    assert wall_clock(row, None, began)["camera"] is None  # an uploaded file: no camera time
+    assert wall_clock({"start_s": None}, segment, began)["detected_after_s"] is None

@@ -257,7 +257,21 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("structured_at", _TS, nullable=False, metadata={"doc": "when written"}),
         ]
     ),
-    ALERTS: pa.schema(_ROUTED),
+    ALERTS: pa.schema(
+        _ROUTED
+        + [
+            pa.field("camera", pa.string(), metadata={"doc": "the camera, when the video is a stream segment"}),
+            pa.field(
+                "wall_start", _TS, metadata={"doc": "evidence start by the camera's clock (segment start + start_s)"}
+            ),
+            pa.field("wall_end", _TS, metadata={"doc": "evidence end by the camera's clock"}),
+            pa.field(
+                "detected_after_s",
+                pa.float64(),
+                metadata={"doc": "seconds from the evidence's wall-clock start to this alert row"},
+            ),
+        ]
+    ),
     REVIEW_QUEUE: pa.schema(_ROUTED),
     EVAL_SCORES: pa.schema(
         [

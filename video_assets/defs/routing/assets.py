@@ -3,6 +3,7 @@ caption pair structured_events last structured (lineage). Partitioned by upload 
 
 from datetime import UTC, datetime
 
+import polars as pl
 from dagster import AssetExecutionContext, AssetKey, AssetSpec, Config, MaterializeResult, MetadataValue
 from pydantic import Field
 
@@ -11,7 +12,7 @@ from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core import routing
 from video_assets.core.structuring.versions import structuring_versions
-from video_assets.core.tables import ALERTS, REVIEW_QUEUE, SCHEMAS, STRUCTURED_EVENTS, to_arrow
+from video_assets.core.tables import ALERTS, REVIEW_QUEUE, SCHEMAS, STREAM_SEGMENTS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.common import TRANSIENT_RETRY, batch_asset, stage_asset, table_metadata
 from video_assets.defs.engines import structurer_id
 from video_assets.defs.lineage import batch_captions, upstream_pair, use_case_version
@@ -72,6 +73,13 @@ def routed_events(
         a, r = routing.split(rows, threshold, prose)
         alerts += a
         review += r
+    # A camera's segment: the alert in the camera's own time, and how long after the moment it was raised.
+    uris = sorted({a["uri"] for a in alerts})
+    segments = {}
+    if uris and tables.exists(STREAM_SEGMENTS):
+        found = tables.read(STREAM_SEGMENTS, SCHEMAS[STREAM_SEGMENTS], where=pl.col("uri").is_in(uris))
+        segments = {s["uri"]: s for s in found.to_dicts()}
+    alerts = [{**a, **routing.wall_clock(a, segments.get(a["uri"]), now)} for a in alerts]
     for name, rows in ((ALERTS, alerts), (REVIEW_QUEUE, review)):
         cols = SCHEMAS[name].names
         # The batch's rows replaced in one commit (a crash leaves the old rows or the new, never none);
@@ -101,5 +109,15 @@ def routed_events(
                 ),
                 **pair.metadata(),
                 "thresholds": MetadataValue.json(thresholds),
+                **(
+                    {"camera_alerts_median_detected_after_s": MetadataValue.float(_median_delay(alerts))}
+                    if name == ALERTS and any(a["detected_after_s"] is not None for a in alerts)
+                    else {}
+                ),
             },
         )
+
+
+def _median_delay(alerts: list[dict]) -> float:
+    delays = sorted(a["detected_after_s"] for a in alerts if a["detected_after_s"] is not None)
+    return float(delays[len(delays) // 2])
