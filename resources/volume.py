@@ -179,6 +179,16 @@ class VideoVolume(ConfigurableResource):
         mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
         return VolumeFile(uri, int(info.size or 0), mtime)
 
+    def delete(self, uri: str) -> bool:
+        """Remove a file of the volume (retention of stream segments); False when it was already gone.
+        Refuses what ``refusal`` refuses: nothing outside the volume, nothing through a link."""
+        self._checked(uri)
+        fs, path = self._resolve(uri)
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            return False
+        fs.delete_file(path)
+        return True
+
     def _resolve(self, uri: str) -> tuple[pafs.FileSystem, str]:
         return resolve(uri)
 

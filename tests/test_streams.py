@@ -300,3 +300,55 @@ def test_a_stalled_or_garbage_stream_is_retried_never_a_crashed_recorder(tmp_pat
         done.set()
     assert [r.connects for r in recorders] == [2, 2] and rows == []
     assert time.monotonic() - started < 30  # the stall is cut by stall_s, not waited out
+
+
+def test_retention_deletes_old_segments_but_keeps_the_evidence(tmp_path, capsys):
+    from datetime import UTC, datetime, timedelta
+
+    import polars as pl
+
+    from resources.delta import DeltaTables
+    from resources.volume import VideoVolume
+    from video_assets.cli import retention
+    from video_assets.core.tables import ALERTS, KEYS, REVIEW_LABELS, STREAM_SEGMENTS, to_arrow
+
+    now = datetime(2026, 12, 6, tzinfo=UTC)
+    folder = tmp_path / "volume" / "streams" / "dock"
+    folder.mkdir(parents=True)
+    tables, volume = DeltaTables(root_uri=str(tmp_path / "tables")), VideoVolume(uri=str(tmp_path / "volume"))
+    rows = []
+    for name, age_days in [("old", 10), ("old_alert", 10), ("old_label", 9), ("new", 1)]:
+        path = folder / f"{name}.mp4"
+        path.write_bytes(b"segment " + name.encode())
+        end = now - timedelta(days=age_days)
+        rows.append(
+            {"uri": str(path), "camera": "dock", "source": "rtsp://h/s", "started_at": end - timedelta(seconds=30)}
+            | {"ended_at": end, "duration_s": 30.0, "frames": 300, "gap_before_s": 0.0, "reason": "cut"}
+            | {"recorded_at": end}
+        )
+    tables.merge(STREAM_SEGMENTS, to_arrow(STREAM_SEGMENTS, rows), KEYS[STREAM_SEGMENTS])
+    key = {"segment": 0, "use_case": "object_handling", "model_version": "1", "prompt_version": 1}
+    key |= {"use_case_version": "u", "structurer": "s"}
+    alert = {**key, "video_id": "a", "batch_key": "b", "uri": str(folder / "old_alert.mp4"), "reason": "r"}
+    alert |= {"threshold": 0.7, "routed_at": now}
+    tables.merge(ALERTS, to_arrow(ALERTS, [alert]), KEYS[ALERTS])
+    label = {
+        **key,
+        "label_id": "label-0001",
+        "item_id": "0" * 16,
+        "video_id": "b",
+        "uri": str(folder / "old_label.mp4"),
+    }
+    label |= {"decision": "confirmed", "reviewer": "ann", "labelled_at": now}
+    tables.merge(REVIEW_LABELS, to_arrow(REVIEW_LABELS, [label]), KEYS[REVIEW_LABELS])
+
+    assert retention(tables, volume, 7, True, now) == 0  # the dry run deletes nothing
+    out = capsys.readouterr().out
+    assert "would delete" in out and "old.mp4" in out and "1 segment(s) would be deleted, 2 kept" in out
+    assert len(list(folder.iterdir())) == 4
+    assert retention(tables, volume, 7, False, now) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["new.mp4", "old_alert.mp4", "old_label.mp4"]
+    marked = pl.read_delta(str(tmp_path / "tables" / "stream_segments")).filter(pl.col("deleted_at").is_not_null())
+    assert marked["uri"].to_list() == [str(folder / "old.mp4")]
+    assert retention(tables, volume, 7, False, now) == 0 and "0 segment(s) deleted" in capsys.readouterr().out
+    assert retention(tables, volume, 0, True, now) == 2  # a bad setting, said so

@@ -199,6 +199,46 @@ def record_command(args) -> int:
     return 0
 
 
+def retention_command(args) -> int:
+    """Delete stream segments older than ``--days`` from the volume (their stream_segments rows keep the
+    record, with ``deleted_at``), except the evidence of an alert or a review label; ``--dry-run`` lists."""
+    from datetime import UTC, datetime
+
+    res = _resources()
+    tables, volume = res["tables"], res["volume"]
+    return retention(tables, volume, args.days, args.dry_run, datetime.now(UTC))
+
+
+def retention(tables, volume, days: float, dry_run: bool, now) -> int:
+    """``retention_command``'s work on given resources (tests); prints what goes and what is kept."""
+    from video_assets.core.streams.retention import expired
+    from video_assets.core.tables import ALERTS, KEYS, REVIEW_LABELS, SCHEMAS, STREAM_SEGMENTS, to_arrow
+
+    segments = tables.read(STREAM_SEGMENTS, SCHEMAS[STREAM_SEGMENTS]).to_dicts()
+    evidence = set(tables.read(ALERTS, SCHEMAS[ALERTS]).get_column("uri").to_list())
+    evidence |= set(u for u in tables.read(REVIEW_LABELS, SCHEMAS[REVIEW_LABELS]).get_column("uri").to_list() if u)
+    try:
+        gone, kept = expired(segments, now, days, evidence)
+    except ValueError as exc:
+        print(f"video-assets retention: {exc}", file=sys.stderr)
+        return 2
+    for s in kept:
+        print(f"keep {s['uri']} (evidence: an alert or a review label)")
+    for s in gone:
+        print(
+            f"{'would delete' if dry_run else 'delete'} {s['uri']} ({s['camera']}, ended {s['ended_at']:%Y-%m-%d %H:%M})"
+        )
+    if dry_run:
+        print(f"dry run: {len(gone)} segment(s) would be deleted, {len(kept)} kept as evidence")
+        return 0
+    for s in gone:
+        volume.delete(s["uri"])
+        # One row at a time, after its file: a crash leaves a row to mark, never a row pointing at nothing.
+        tables.merge(STREAM_SEGMENTS, to_arrow(STREAM_SEGMENTS, [{**s, "deleted_at": now}]), KEYS[STREAM_SEGMENTS])
+    print(f"{len(gone)} segment(s) deleted, {len(kept)} kept as evidence")
+    return 0
+
+
 def reprocess_command(args) -> int:
     """The batches whose rows came from a model, prompt or structuring no longer in production, each run
     again through exactly the assets downstream of what changed (``defs.maintenance.reprocess``)."""
@@ -539,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument(
         "--seconds", type=float, default=None, help="stop after this many seconds (default: until stopped)"
     )
+    ret = sub.add_parser("retention", help="delete stream segments older than --days, keeping alert/label evidence")
+    ret.add_argument("--days", type=float, required=True, help="keep segments that ended less than this long ago")
+    ret.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     rep = sub.add_parser(
         "reprocess", help="run again the batches whose rows are not from the production model, prompt or structuring"
     )
@@ -565,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_command(args)
     if args.command == "record":
         return record_command(args)
+    if args.command == "retention":
+        return retention_command(args)
     if args.command == "reprocess":
         return reprocess_command(args)
     if args.command == "review-token":

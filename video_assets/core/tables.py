@@ -482,6 +482,7 @@ SCHEMAS[STREAM_SEGMENTS] = pa.schema(
             metadata={"doc": "why the segment starts here: first, cut, or why the stream stopped before it"},
         ),
         pa.field("recorded_at", _TS, nullable=False, metadata={"doc": "when the file was renamed into the volume"}),
+        pa.field("deleted_at", _TS, metadata={"doc": "when retention deleted the file; null: still there"}),
     ]
 )
 # What a challenger changes (core.evaluation.diff): per promotion decision, use case and video, both
