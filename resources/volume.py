@@ -114,6 +114,11 @@ class VideoVolume(ConfigurableResource):
             out.append(VolumeFile(self._to_uri(entry.path, remote), int(entry.size or 0), mtime))
         return Listing(sorted(out, key=lambda f: f.uri), [])
 
+    def is_stream(self, uri: str) -> bool:
+        """Whether ``uri`` is a camera's segment: under ``streams/`` at the volume's root (the recorder's)."""
+        root = self.uri.removeprefix("file://").rstrip("/") + "/"
+        return uri.removeprefix("file://").startswith(root + "streams/")
+
     def _wanted(self, name: str) -> bool:
         if name.startswith("."):  # hidden files and partial uploads (.part, .tmp...)
             return False

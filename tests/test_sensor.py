@@ -146,3 +146,27 @@ def test_a_partition_lost_after_its_tick_is_requested_again(instance, resources,
     again = tick(instance, resources, cursor=first.cursor)
     assert [r.partition_key for r in again.run_requests] == [key]
     assert instance.get_dynamic_partitions(video_batches.name) == [key]
+
+
+def test_camera_segments_are_the_stream_sensors_with_priority(instance, resources, volume_dir):
+    from video_assets.defs.ingest.sensors import STREAM_RUN_PRIORITY, stream_sensor
+
+    copy_samples(volume_dir, ["realshort.mp4"])  # an upload
+    copy_samples(volume_dir / "streams" / "dock", ["asl_eat.mkv", "carphone_distorted.mp4"])  # two segments
+    streams = stream_sensor(build_sensor_context(instance=instance, resources=resources))
+    for req in streams.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    [run] = streams.run_requests
+    assert run.tags["dagster/priority"] == STREAM_RUN_PRIORITY and run.tags["video/source"] == "stream"
+    manifest = pl.read_delta(resources["tables"].table_uri("batch_manifest"))
+    mine = manifest.filter(pl.col("batch_key") == run.partition_key)["uri"].to_list()
+    assert len(mine) == 2 and all("/streams/dock/" in u for u in mine)
+    # The upload sensor takes the upload only, at the archive's priority.
+    [upload] = tick(instance, resources).run_requests
+    assert "dagster/priority" not in upload.tags
+    batch = pl.read_delta(resources["tables"].table_uri("batch_manifest")).filter(
+        pl.col("batch_key") == upload.partition_key
+    )
+    assert [u.rsplit("/", 1)[1] for u in batch["uri"]] == ["realshort.mp4"]
+    again = stream_sensor(build_sensor_context(instance=instance, resources=resources, cursor=streams.cursor))
+    assert isinstance(again, SkipReason)

@@ -25,6 +25,10 @@ from video_assets.defs.ingest.registration import (
 from video_assets.defs.partitions import video_batches
 
 SENSOR_INTERVAL_S = 30
+# Camera segments (streams/ in the volume, written by `video-assets record`) are registered by their own
+# sensor every few seconds, and their runs go ahead of archive backfills in the run queue.
+STREAM_SENSOR_INTERVAL_S = 5
+STREAM_RUN_PRIORITY = "10"  # QueuedRunCoordinator: higher first; a run without the tag is 0
 
 
 def encode_cursor(digest: str | None, batches: list[str]) -> str:
@@ -51,9 +55,27 @@ def decode_cursor(cursor: str | None) -> tuple[str | None, list[str] | None]:
     "batches it requested; an unchanged listing reads no table.",
 )
 def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables: DeltaTables):
+    return _tick(context, volume, tables, streams=False)
+
+
+@sensor(
+    job=batch_pipeline_job,
+    minimum_interval_seconds=STREAM_SENSOR_INTERVAL_S,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Registers the cameras' finished segments (streams/ in the volume) every few seconds as "
+    "micro-batches whose runs go ahead of archive batches in the queue (dagster/priority).",
+)
+def stream_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables: DeltaTables):
+    return _tick(context, volume, tables, streams=True)
+
+
+def _tick(context: SensorEvaluationContext, volume: VideoVolume, tables: DeltaTables, streams: bool):
+    """One tick over the uploads (``streams`` False: everything but streams/) or the camera segments."""
     escaped_log(context)  # the tick logs file names and reasons: one line each, whatever they hold
     listing = volume.listing()
-    files = listing.files
+    files = [f for f in listing.files if volume.is_stream(f.uri) == streams]
+    if streams:
+        listing = type(listing)(files, [])  # refused entries are the upload sensor's to report
     # Refused entries are part of the digest, so a new link is reported on the next tick.
     digest = registry.listing_digest(files, listing.refused)
     last_digest, last_batches = decode_cursor(context.cursor)
@@ -66,9 +88,10 @@ def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables:
         if all(context.instance.has_dynamic_partition(video_batches.name, k) for k in last_batches):
             return SkipReason(f"no change in {volume.uri} ({len(files)} files)")
     known_partitions = set(context.instance.get_dynamic_partitions(video_batches.name))
-    # Batches written to the manifest by a tick that died before adding them: repair first.
+    # Batches written to the manifest by a tick that died before adding them: repair first (the upload
+    # sensor repairs every batch; sensors tick one after the other, so none is in flight then).
     manifest = read_manifest(tables)
-    orphaned = [k for k in manifest_batch_keys(manifest) if k not in known_partitions]
+    orphaned = [] if streams else [k for k in manifest_batch_keys(manifest) if k not in known_partitions]
     if last_digest == digest and not orphaned:
         return SkipReason(f"no change in {volume.uri} ({len(files)} files)")
 
@@ -95,8 +118,9 @@ def upload_sensor(context: SensorEvaluationContext, volume: VideoVolume, tables:
         f"{sum(len(v) for v in plan.batches.values())} new files in {len(new_keys)} batches; "
         f"{len(plan.duplicates)} duplicates; {plan.remaining} left for the next tick"
     )
+    tags = {"dagster/priority": STREAM_RUN_PRIORITY, "video/source": "stream"} if streams else {}
     return SensorResult(
-        run_requests=[RunRequest(run_key=k, partition_key=k, tags={"video/batch": k}) for k in new_keys],
+        run_requests=[RunRequest(run_key=k, partition_key=k, tags={"video/batch": k, **tags}) for k in new_keys],
         dynamic_partitions_requests=[video_batches.build_add_request(new_keys)],
         cursor=next_cursor,
         asset_events=events,
