@@ -25,20 +25,26 @@ def _frames(path_or_url: str) -> list[np.ndarray]:
         return [f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])]
 
 
-@pytest.fixture(scope="module")
-def hls(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hls")
-    tex = np.random.default_rng(5).integers(0, 255, (96, 480, 3), dtype=np.uint8)
-    options = {"hls_time": "2", "hls_list_size": "0", "hls_segment_type": "mpegts"}
-    with av.open(str(root / "live.m3u8"), "w", format="hls", options=options) as out:
+def _write_panning_clip(path, frames: int, seed: int, format=None, options=None):
+    """An H.264 clip (a keyframe every GOP frames, no B-frames) panning over noise, as MP4 or ``format``."""
+    tex = np.random.default_rng(seed).integers(0, 255, (96, 160 + 2 * frames, 3), dtype=np.uint8)
+    with av.open(str(path), "w", format=format, options=options or {}) as out:
         s = out.add_stream("libx264", rate=RATE, options={"g": str(GOP), "bf": "0", "sc_threshold": "0"})
         s.width, s.height, s.pix_fmt = 160, 96, "yuv420p"
-        for i in range(FRAMES):
+        for i in range(frames):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(tex[:, i * 2 : i * 2 + 160]), format="rgb24")
             for p in s.encode(frame):
                 out.mux(p)
         for p in s.encode():
             out.mux(p)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hls(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hls")
+    options = {"hls_time": "2", "hls_list_size": "0", "hls_segment_type": "mpegts"}
+    _write_panning_clip(root / "live.m3u8", FRAMES, seed=5, format="hls", options=options)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *a: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -186,18 +192,7 @@ def rtsp_clip(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(why, pytrace=False)
         pytest.skip(why)
-    path = tmp_path_factory.mktemp("rtsp") / "clip.mp4"
-    tex = np.random.default_rng(9).integers(0, 255, (96, 400, 3), dtype=np.uint8)
-    with av.open(str(path), "w") as out:
-        s = out.add_stream("libx264", rate=RATE, options={"g": str(GOP), "bf": "0", "sc_threshold": "0"})
-        s.width, s.height, s.pix_fmt = 160, 96, "yuv420p"
-        for i in range(RTSP_FRAMES):
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(tex[:, i * 2 : i * 2 + 160]), format="rgb24")
-            for p in s.encode(frame):
-                out.mux(p)
-        for p in s.encode():
-            out.mux(p)
-    return path
+    return _write_panning_clip(tmp_path_factory.mktemp("rtsp") / "clip.mp4", RTSP_FRAMES, seed=9)
 
 
 def _serve_rtsp(clip, port: int):

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from video_assets.core.config_files import load_entries
 
 SENT, RETRYING = "sent", "retrying"
 FIRST_RETRY_S, MAX_RETRY_S = 10.0, 3600.0
@@ -56,29 +57,7 @@ class Destination(BaseModel):
 
 def load_destinations(path: str | Path) -> list[Destination]:
     """The destinations of a file; ValueError naming the file and the destination for anything wrong."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the destinations ({exc.__class__.__name__})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not TOML: {exc}") from exc
-    entries = data.get("destination") or []
-    if set(data) - {"destination"} or not isinstance(entries, list):
-        raise ValueError(f"{path}: destinations are [[destination]] tables, nothing else")
-    out, seen = [], set()
-    for i, entry in enumerate(entries, start=1):
-        label = entry.get("name") if isinstance(entry, dict) and isinstance(entry.get("name"), str) else f"#{i}"
-        try:
-            dest = Destination.model_validate(entry)
-        except ValidationError as exc:
-            why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors())
-            raise ValueError(f"{path}: destination {label[:64]!r}: {why}") from None
-        if dest.name in seen:
-            raise ValueError(f"{path}: destination {label[:64]!r}: the name is used twice")
-        seen.add(dest.name)
-        out.append(dest)
-    return out
+    return load_entries(path, "destination", Destination)
 
 
 def alert_id(row: Mapping) -> str:

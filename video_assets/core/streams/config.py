@@ -13,13 +13,13 @@ A bad entry is an error naming the camera (or its position when it has no usable
 
 from __future__ import annotations
 
-import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from video_assets.core.config_files import load_entries
 
 SCHEMES = ("rtsp", "rtsps", "http", "https")
 
@@ -75,30 +75,4 @@ def redacted(url: str) -> str:
 
 def load_cameras(path: str | Path) -> list[Camera]:
     """The cameras of a config file; ValueError naming the file and the camera for anything wrong."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the camera config ({exc.__class__.__name__})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not TOML: {exc}") from exc
-    unknown = sorted(set(data) - {"camera"})
-    if unknown:
-        raise ValueError(f"{path}: unknown top-level key(s) {unknown}; cameras are [[camera]] tables")
-    entries = data.get("camera") or []
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{path}: no [[camera]] table")
-    cameras, seen = [], set()
-    for i, entry in enumerate(entries, start=1):
-        label = entry.get("name") if isinstance(entry, dict) and isinstance(entry.get("name"), str) else f"#{i}"
-        label = re.sub(r"[^A-Za-z0-9_.#-]", "?", label)[:64]
-        try:
-            camera = Camera.model_validate(entry)
-        except ValidationError as exc:
-            why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors())
-            raise ValueError(f"{path}: camera {label!r}: {why}") from None
-        if camera.name in seen:
-            raise ValueError(f"{path}: camera {label!r}: the name is used twice")
-        seen.add(camera.name)
-        cameras.append(camera)
-    return cameras
+    return load_entries(path, "camera", Camera)
