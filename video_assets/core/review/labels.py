@@ -9,7 +9,7 @@ The golden set of a use case is its shipped labels (``golden.jsonl``) plus the r
 latest reviewed label wins over a shipped one (and says so: ``replaces_shipped``); labels of the same video
 that disagree (another reviewer's latest, or the shipped label a review replaced) are listed in
 ``conflicts``, never merged silently. The labels version hashes the shipped file's version and every
-reviewed label used, so a new label is a new version.
+reviewed label used, so a new label is a new version; without reviewed labels it is the file's own.
 """
 
 from __future__ import annotations
@@ -112,14 +112,13 @@ def golden_with_reviews(use_case: str, shipped: list[dict], shipped_version: str
     latest_by_reviewer: dict[str, dict[str, dict]] = {}
     for r in answered:
         latest_by_reviewer.setdefault(r["video_id"], {})[r["reviewer"]] = r
-    version = hashlib.sha256(
-        json.dumps(
-            [shipped_version]
-            + [[r["label_id"], r["video_id"], *_answer(r)] for by in latest_by_reviewer.values() for r in by.values()],
-            sort_keys=True,
-            default=str,
-        ).encode()
-    ).hexdigest()[:12]
+    # Without a reviewed label the version is the shipped file's own (scores stay comparable with before).
+    version = shipped_version
+    if latest_by_reviewer:
+        used = [[r["label_id"], r["video_id"], *_answer(r)] for by in latest_by_reviewer.values() for r in by.values()]
+        version = hashlib.sha256(json.dumps([shipped_version, used], sort_keys=True, default=str).encode()).hexdigest()[
+            :12
+        ]
     out: dict[str, dict] = {}
     for row in shipped:
         out[row["video_id"]] = {
