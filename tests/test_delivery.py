@@ -13,7 +13,8 @@ from dagster import SkipReason, build_sensor_context
 from resources.delivery import AlertDestinations
 from resources.delta import DeltaTables
 from video_assets.core.delivery.webhooks import load_destinations
-from video_assets.core.tables import ALERT_DELIVERIES, ALERTS, KEYS, STREAM_SEGMENTS, to_arrow
+from video_assets.core.routing import wall_clock
+from video_assets.core.tables import ALERT_DELIVERIES, ALERTS, KEYS, to_arrow
 from video_assets.defs.delivery.sensors import alert_delivery_sensor, deliver_due
 
 T0 = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -63,11 +64,10 @@ def _alert(video: str, uri: str) -> dict:
 def _setup(tmp_path, url: str, fmt: str = "json") -> tuple[DeltaTables, AlertDestinations]:
     tables = DeltaTables(root_uri=str(tmp_path / "tables"))
     uri = str(tmp_path / "volume" / "streams" / "dock" / "20261206T120000.000Z.mp4")
-    tables.merge(ALERTS, to_arrow(ALERTS, [_alert("v" * 64, uri)]), KEYS[ALERTS])
-    segment = {"uri": uri, "camera": "dock", "source": "rtsp://10.0.0.5/s1", "started_at": T0}
-    segment |= {"ended_at": T0 + timedelta(seconds=30), "duration_s": 30.0, "frames": 300, "gap_before_s": None}
-    segment |= {"reason": "cut", "recorded_at": T0}
-    tables.merge(STREAM_SEGMENTS, to_arrow(STREAM_SEGMENTS, [segment]), KEYS[STREAM_SEGMENTS])
+    # A camera's alert, as routing writes it: in the camera's time (the segment began at T0).
+    alert = _alert("v" * 64, uri)
+    alert |= wall_clock(alert, {"camera": "dock", "started_at": T0}, T0 + timedelta(seconds=20))
+    tables.merge(ALERTS, to_arrow(ALERTS, [alert]), KEYS[ALERTS])
     config = tmp_path / "destinations.toml"
     config.write_text(f'[[destination]]\nname = "ops"\nurl = "{url}"\nformat = "{fmt}"\ntoken_env = "OPS_TOKEN"\n')
     return tables, AlertDestinations(config_file=str(config))

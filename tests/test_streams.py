@@ -14,6 +14,7 @@ import av
 import numpy as np
 import pytest
 
+from resources.volume import VideoVolume
 from video_assets.core.streams.config import Camera, load_cameras, redacted
 from video_assets.core.streams.recorder import CUT, ENDED, FIRST, Recorder, record_all
 
@@ -120,7 +121,8 @@ def test_a_camera_with_a_wrong_url_never_stops_the_others(hls, tmp_path):
         Camera(name="good", url=hls, segment_s=5),
         Camera(name="wrong", url=hls.rsplit("/", 1)[0] + "/none.m3u8", stall_s=2),
     ]
-    recorders = record_all(cameras, tmp_path, rows.append, threading.Event(), max_connects=2)
+    folders = VideoVolume(uri=str(tmp_path)).stream_folder
+    recorders = record_all(cameras, folders, rows.append, threading.Event(), max_connects=2)
     by_name = {r.camera.name: r for r in recorders}
     # The playlist ends, the recorder connects again after a backoff and records it again: a gap row says so.
     assert by_name["good"].segments == 6 and sum(r["frames"] for r in rows) == 2 * FRAMES
@@ -139,7 +141,6 @@ def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path)
     import polars as pl
 
     from resources.delta import DeltaTables
-    from resources.volume import VideoVolume
     from tests.fixtures.samples import REPO
     from video_assets.defs.ingest.registration import register_new_files
 
@@ -290,7 +291,8 @@ def test_a_stalled_or_garbage_stream_is_retried_never_a_crashed_recorder(tmp_pat
     rows = []
     cameras = [Camera(name=n, url=f"rtsp://127.0.0.1:{p}/cam", stall_s=1) for n, (p, _) in ports.items()]
     started = time.monotonic()
-    recorders = record_all(cameras, tmp_path, rows.append, threading.Event(), max_connects=2)
+    folders = VideoVolume(uri=str(tmp_path)).stream_folder
+    recorders = record_all(cameras, folders, rows.append, threading.Event(), max_connects=2)
     for _, done in ports.values():
         done.set()
     assert [r.connects for r in recorders] == [2, 2] and rows == []
@@ -303,7 +305,6 @@ def test_retention_deletes_old_segments_but_keeps_the_evidence(tmp_path, capsys)
     import polars as pl
 
     from resources.delta import DeltaTables
-    from resources.volume import VideoVolume
     from video_assets.cli import retention
     from video_assets.core.tables import ALERTS, KEYS, REVIEW_LABELS, STREAM_SEGMENTS, to_arrow
 

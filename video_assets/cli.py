@@ -37,12 +37,23 @@ def init_instance(home: Path | None = None) -> Path:
     return home
 
 
-def _resources():
+def _resources(*names: str) -> dict:
+    """The named resources of the definitions (default: volume, tables, vlm), initialised."""
     from video_assets.definitions import build_resources
 
     built = build_resources()
     # EnvVar-backed fields resolve here, as they would inside a run (Ray is only started by runs).
-    return {k: built[k].process_config_and_initialize() for k in ("volume", "tables", "vlm")}
+    return {k: built[k].process_config_and_initialize() for k in (names or ("volume", "tables", "vlm"))}
+
+
+def _partition_target(first: str, last: str) -> dict:
+    """execute_in_process / materialize arguments for one batch or a range of them (one run, as a
+    single-run backfill runs it)."""
+    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+    if first == last:
+        return {"partition_key": first}
+    return {"tags": {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}}
 
 
 def preflight() -> list[str]:
@@ -124,8 +135,6 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     """The batch pipeline for ``keys``: one run per stretch of consecutive batches (a partition range, as
     a backfill runs it: every per-batch asset takes a range in one step), so Ray and the models start
     once per step, not once a batch."""
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
-
     from video_assets.definitions import defs
     from video_assets.defs.partitions import consecutive_ranges, video_batches
 
@@ -133,11 +142,8 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     ok = True
     for first, last in consecutive_ranges(instance.get_dynamic_partitions(video_batches.name), keys):
         started = time.monotonic()
-        if first == last:
-            label, target = f"batch {first}", {"partition_key": first}
-        else:
-            label = f"batches {first}...{last}"
-            target = {"tags": {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}}
+        label = f"batch {first}" if first == last else f"batches {first}...{last}"
+        target = _partition_target(first, last)
         result = job.execute_in_process(**target, instance=instance, raise_on_error=False, run_config=QUIET)
         status = "succeeded" if result.success else "FAILED"
         print(f"{label}: run {result.run_id} {status} in {time.monotonic() - started:.1f}s")
@@ -152,8 +158,9 @@ def record_command(args) -> int:
     import threading
     from datetime import UTC, datetime
 
+    from resources.settings import stream_credentials
     from video_assets.core.streams.config import load_cameras
-    from video_assets.core.streams.recorder import Recorder
+    from video_assets.core.streams.recorder import record_all
     from video_assets.core.tables import KEYS, STREAM_SEGMENTS, to_arrow
 
     try:
@@ -185,17 +192,7 @@ def record_command(args) -> int:
         threading.Timer(args.seconds, stop.set).start()
     for c in cameras:
         print(f"recording {c.name} from {c.redacted} into {folders[c.name]} (segments of {c.segment_s:g} s)")
-    from resources.settings import stream_credentials
-
-    recorders = [Recorder(c, folders[c.name], on_segment, stop, env=stream_credentials()) for c in cameras]
-    threads = [threading.Thread(target=r.record) for r in recorders]
-    for t in threads:
-        t.start()
-    while any(t.is_alive() for t in threads):
-        stop.wait(0.5)
-        if stop.is_set():
-            for t in threads:
-                t.join(timeout=60)
+    record_all(cameras, folders.__getitem__, on_segment, stop, env=stream_credentials())
     return 0
 
 
@@ -242,13 +239,12 @@ def retention(tables, volume, days: float, dry_run: bool, now) -> int:
 def reprocess_command(args) -> int:
     """The batches whose rows came from a model, prompt or structuring no longer in production, each run
     again through exactly the assets downstream of what changed (``defs.maintenance.reprocess``)."""
-    from video_assets.definitions import build_resources, defs
+    from video_assets.definitions import defs
     from video_assets.defs.maintenance.reprocess import reprocess_plan, runs
     from video_assets.defs.partitions import video_batches
 
     instance = DagsterInstance.get()
-    built = build_resources()
-    res = {k: built[k].process_config_and_initialize() for k in ("tables", "mlflow_registry", "vlm", "structurer")}
+    res = _resources("tables", "mlflow_registry", "vlm", "structurer")
     plan = reprocess_plan(
         instance, defs.resolve_asset_graph(), res["tables"], res["mlflow_registry"], res["vlm"], res["structurer"]
     )
@@ -273,19 +269,13 @@ def execute_reprocess(instance: DagsterInstance, todo: list[dict], assets=None, 
     ``resources``: the same assets on other resources (tests; a job's own resources cannot be replaced).
     Returns the runs' results."""
     from dagster import AssetKey
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from video_assets.definitions import defs
 
     job = defs.resolve_job_def("batch_pipeline")
     results = []
     for run in todo:
-        if run["first"] == run["last"]:
-            target = {"partition_key": run["first"]}
-        else:
-            target = {
-                "tags": {ASSET_PARTITION_RANGE_START_TAG: run["first"], ASSET_PARTITION_RANGE_END_TAG: run["last"]}
-            }
+        target = _partition_target(run["first"], run["last"])
         selection = [AssetKey(a) for a in run["assets"]]
         if assets is None:
             result = job.execute_in_process(
@@ -463,15 +453,10 @@ def serve_command(args) -> int:
     """The search service on this instance's index, with the text and frame encoders behind the alias
     (downloaded from MLflow once, like a step does); fails fast when the index does not exist yet."""
     from resources.archive import FRAMES, TEXT
-    from video_assets.definitions import build_resources
     from video_assets.service.app import create_app
     from video_assets.service.server import IndexMissing, build_searcher, serve
 
-    built = build_resources()
-    res = {
-        k: built[k].process_config_and_initialize()
-        for k in ("tables", "volume", "archive", "mlflow_registry", "search_index_store")
-    }
+    res = _resources("tables", "volume", "archive", "mlflow_registry", "search_index_store", "llm")
     archive, registry, index = res["archive"], res["mlflow_registry"], res["search_index_store"]
     if not index.exists():
         print(f"error: no search index at {index.uri}: run `make demo` first", file=sys.stderr)
@@ -496,7 +481,7 @@ def serve_command(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # The ask box's LLM (LLM_BASE_URL); none configured: deterministic plans and extractive answers.
-    llm = built["llm"].process_config_and_initialize().client()
+    llm = res["llm"].client()
     print(f"search index {index.uri}; LLM {llm.base_url if llm else 'none (extractive answers)'}")
     print(f"serving on http://{args.host}:{args.port}/ (review page: /review; its token: video-assets review-token)")
     token = _review_token()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from video_assets.core.validation import reasons
+
 
 def load_entries(path: str | Path, kind: str, model: type[BaseModel]) -> list:
     """The ``[[kind]]`` tables of ``path`` as ``model`` instances; a ValueError naming the file and the entry
@@ -32,8 +34,7 @@ def load_entries(path: str | Path, kind: str, model: type[BaseModel]) -> list:
         try:
             item = model.model_validate(entry)
         except ValidationError as exc:
-            why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors())
-            raise ValueError(f"{path}: {kind} {label!r}: {why}") from None
+            raise ValueError(f"{path}: {kind} {label!r}: {reasons(exc, whole='entry')}") from None
         if item.name in seen:
             raise ValueError(f"{path}: {kind} {label!r}: the name is used twice")
         seen.add(item.name)

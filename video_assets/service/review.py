@@ -33,6 +33,7 @@ from video_assets.core.tables import (
     to_arrow,
 )
 from video_assets.core.uploads.discovery import printable
+from video_assets.core.validation import reasons
 
 TOKEN_HEADER = "X-Review-Token"
 PAGE = Path(__file__).resolve().parent / "static" / "review.html"
@@ -52,14 +53,14 @@ def _use_case(name: str) -> usecase.UseCase:
     return usecase.load(name)
 
 
-def _items(tables, use_case: str) -> list[dict]:
-    return ranked(
-        tables.read(REVIEW_QUEUE, SCHEMAS[REVIEW_QUEUE]),
-        use_case,
-        tables.read(REVIEW_LABELS, SCHEMAS[REVIEW_LABELS]),
-        tables.read(CANDIDATE_EVENTS, SCHEMAS[CANDIDATE_EVENTS]),
-        tables.read(PROMOTION_DIFFS, SCHEMAS[PROMOTION_DIFFS]),
-    )
+def _sources(tables) -> dict:
+    """What ``ranked`` reads, read once for every use case of a request."""
+    names = {"queue": REVIEW_QUEUE, "labels": REVIEW_LABELS, "challenger": CANDIDATE_EVENTS, "diffs": PROMOTION_DIFFS}
+    return {arg: tables.read(name, SCHEMAS[name]) for arg, name in names.items()}
+
+
+def _items(sources: dict, use_case: str) -> list[dict]:
+    return ranked(use_case=use_case, **sources)
 
 
 def _json_safe(item: dict) -> dict:
@@ -95,10 +96,11 @@ def page() -> FileResponse:
 def use_cases(request: Request) -> dict:
     out = []
     tables = getattr(request.app.state, "tables", None)
+    sources = _sources(tables) if tables is not None else None
     for name in usecase.available():
         uc = usecase.load(name)
         limits = {"max_events": uc.max_events, "max_text": uc.max_text, "max_seconds": uc.max_seconds}
-        waiting = len(_items(tables, name)) if tables is not None else 0
+        waiting = len(_items(sources, name)) if sources is not None else 0
         out.append(
             {"name": name, "title": uc.title, "question": uc.question, "verdicts": uc.verdicts, **limits}
             | {"waiting": waiting}
@@ -109,7 +111,7 @@ def use_cases(request: Request) -> dict:
 @router.get("/api/review/queue", summary="The use case's review queue, in review order")
 def queue(request: Request, use_case: str, k: int = Query(50, ge=1, le=1000)) -> dict:
     _use_case(use_case)
-    items = _items(_tables(request), use_case)
+    items = _items(_sources(_tables(request)), use_case)
     return {"use_case": use_case, "count": len(items), "items": [_json_safe(i) for i in items[:k]]}
 
 
@@ -120,8 +122,7 @@ async def save_label(request: Request, use_case: str) -> dict:
     try:
         label = label_input(uc).model_validate_json(await request.body())
     except ValidationError as exc:
-        reasons = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
-        raise HTTPException(422, printable(reasons)) from None
+        raise HTTPException(422, printable(reasons(exc, whole="body"))) from None
     tables = _tables(request)
     done = tables.read(REVIEW_LABELS, SCHEMAS[REVIEW_LABELS])
     if not done.is_empty() and label.label_id in set(done.get_column("label_id").to_list()):

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from video_assets.core.config_files import load_entries
+from video_assets.core.routing import clip_url
 
 SENT, RETRYING = "sent", "retrying"
 FIRST_RETRY_S, MAX_RETRY_S = 10.0, 3600.0
@@ -64,20 +65,14 @@ def alert_id(row: Mapping) -> str:
     return hashlib.sha256("\x1f".join(str(row[k]) for k in ALERT_KEY).encode()).hexdigest()[:20]
 
 
-def payload(alert: Mapping, destination: Destination, service_url: str, camera: Mapping | None = None) -> dict:
-    """The body for ``destination``: what happened, when, where to look. ``camera``: the alert's
-    stream_segments row when its video is a camera's segment (wall-clock times, the camera's name)."""
+def payload(alert: Mapping, destination: Destination, service_url: str) -> dict:
+    """The body for ``destination``: what happened, when, where to look. A camera's alert carries its camera
+    and wall-clock range already (``routing.wall_clock``, set when it was routed)."""
     start, end = alert.get("start_s"), alert.get("end_s")
-    clip = f"{service_url}/api/videos/{alert['video_id']}/file"
-    if start is not None:
-        clip += f"#t={start:g}" + (f",{end:g}" if end is not None else "")
+    clip = clip_url(service_url, alert["video_id"], start, end)
     wall = None
-    if camera is not None and start is not None:
-        began = camera["started_at"]
-        wall = {
-            "start": (began + timedelta(seconds=float(start))).isoformat(),
-            "end": (began + timedelta(seconds=float(end if end is not None else start))).isoformat(),
-        }
+    if alert.get("wall_start") is not None:
+        wall = {"start": alert["wall_start"].isoformat(), "end": alert["wall_end"].isoformat()}
     body = {
         "alert_id": alert_id(alert),
         "use_case": alert["use_case"],
@@ -86,7 +81,7 @@ def payload(alert: Mapping, destination: Destination, service_url: str, camera: 
         "video_id": alert["video_id"],
         "segment": alert["segment"],
         "uri": alert.get("uri"),
-        "camera": camera["camera"] if camera is not None else None,
+        "camera": alert.get("camera"),
         "start_s": start,
         "end_s": end,
         "wall_clock": wall,

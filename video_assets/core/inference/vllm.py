@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from video_assets.core.validation import reasons
+
 ERROR_KEY = "__inference_error__"  # Ray Data LLM's per-row error column; rows carrying it skip all stages
 
 
@@ -82,7 +84,7 @@ def vllm_settings(model_source: str, stage: dict[str, Any], user: dict[str, Any]
     try:
         return VllmSettings(**{**stage, **user, "model_source": model_source})
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = reasons(exc)
         raise ValueError(f"vllm: {problems}") from exc
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from video_assets.core.qa.llm import LlmClient
 from video_assets.core.qa.summaries import clock
 from video_assets.core.search.api import CAPTION, EVENT, FRAME, SUMMARY, TRANSCRIPT, Hit, Searcher
+from video_assets.core.validation import reasons
 from video_assets.core.vocabulary import VERDICTS
 
 PLAN_MARKER = "[video-assets:plan]"
@@ -196,7 +197,7 @@ def _llm_plan(question: str, llm: LlmClient, k: int, notes: list[str]) -> list[d
             plan = Plan.model_validate_json(raw)
             return [s.model_dump() for s in plan.steps]
         except ValidationError as exc:
-            error = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+            error = reasons(exc, limit=5)
             if attempt == 2:
                 notes.append(f"the language model's plan was invalid twice ({error}): deterministic plan used")
                 return None

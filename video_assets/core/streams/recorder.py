@@ -199,10 +199,16 @@ class Recorder:
 
 
 def record_all(
-    cameras: list[Camera], root: Path, on_segment, stop: threading.Event, max_connects=None, env=None
+    cameras: list[Camera],
+    folder_of: Callable[[str], Path],
+    on_segment,
+    stop: threading.Event,
+    max_connects=None,
+    env=None,
 ) -> list:
-    """One thread per camera (a camera that fails never stops the others); returns when all are done."""
-    recorders = [Recorder(c, Path(root) / "streams" / c.name, on_segment, stop, env=env) for c in cameras]
+    """One thread per camera (a camera that fails never stops the others), each into ``folder_of(name)`` (the
+    volume's ``VideoVolume.stream_folder``); returns when all are done (joins wake often: signals are seen)."""
+    recorders = [Recorder(c, folder_of(c.name), on_segment, stop, env=env) for c in cameras]
     threads = [
         threading.Thread(target=r.record, kwargs={"max_connects": max_connects}, name=f"record-{r.camera.name}")
         for r in recorders

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from video_assets.core.validation import reasons
 from video_assets.core.vocabulary import VERDICTS, Verdict
 
 USE_CASES_DIR = Path(__file__).resolve().parents[2] / "usecases"
@@ -106,7 +107,7 @@ def load(name: str, root: Path = USE_CASES_DIR) -> UseCase:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{folder}/usecase.toml: not TOML: {exc}") from exc
     except ValidationError as exc:
-        why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        why = reasons(exc)
         raise ValueError(f"{folder}/usecase.toml is invalid: {why}") from exc
     return UseCase(
         name=name,

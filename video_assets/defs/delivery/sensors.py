@@ -10,7 +10,7 @@ from dagster import DefaultSensorStatus, SensorEvaluationContext, SkipReason, se
 from resources.delivery import AlertDestinations
 from resources.delta import DeltaTables
 from video_assets.core.delivery.webhooks import SENT, alert_id, due, outcome, payload
-from video_assets.core.tables import ALERT_DELIVERIES, ALERTS, KEYS, SCHEMAS, STREAM_SEGMENTS, to_arrow
+from video_assets.core.tables import ALERT_DELIVERIES, ALERTS, KEYS, SCHEMAS, to_arrow
 
 DELIVERY_INTERVAL_S = 10
 MAX_PER_TICK = 200  # the rest wait for the next tick: a tick stays short
@@ -25,11 +25,9 @@ def deliver_due(tables: DeltaTables, delivery: AlertDestinations, now: datetime 
     alerts = tables.read(ALERTS, SCHEMAS[ALERTS]).to_dicts()
     done = tables.read(ALERT_DELIVERIES, SCHEMAS[ALERT_DELIVERIES]).to_dicts()
     todo = due(alerts, done, destinations, now)
-    segments = tables.read(STREAM_SEGMENTS, SCHEMAS[STREAM_SEGMENTS])
-    cameras = {r["uri"]: r for r in segments.to_dicts()} if not segments.is_empty() else {}
     counts = {"sent": 0, "retrying": 0, "due": len(todo), "left": max(0, len(todo) - MAX_PER_TICK)}
     for alert, dest, before in todo[:MAX_PER_TICK]:
-        body = payload(alert, dest, delivery.service_url, cameras.get(alert.get("uri")))
+        body = payload(alert, dest, delivery.service_url)
         status, error = delivery.post(dest, body, f"{alert_id(alert)}:{dest.name}")
         row = outcome(alert, dest, before, status, error, now)
         # One commit per attempt, after the answer: a crash before it re-sends with the same Idempotency-Key.

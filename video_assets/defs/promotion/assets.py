@@ -38,6 +38,7 @@ from video_assets.core.evaluation.diff import FLIPS, counts, fact_diff
 from video_assets.core.evaluation.gate import GATED, PROMOTE, UNDECIDED, paired_gate
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.routing import clip_url
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import plan_structuring
 from video_assets.core.tables import (
@@ -149,10 +150,8 @@ def _flips_table(diffs: list[dict], limit: int = 50) -> str:
         return "_no video changes its answer_"
     lines = ["| change | video | sample | golden | production | challenger | clip |", "|---|---|---|---|---|---|---|"]
     for d in flips[:limit]:
-        start, end = d["start_s"] or 0.0, d["end_s"]
-        window = f"#t={start:g},{end:g}" if end is not None else f"#t={start:g}"
         name = printable((d["uri"] or d["video_id"]).rsplit("/", 1)[-1])
-        link = f"[play]({SERVICE_URL}/api/videos/{d['video_id']}/file{window})"
+        link = f"[play]({clip_url(SERVICE_URL, d['video_id'], d['start_s'] or 0.0, d['end_s'])})"
         lines.append(
             f"| {d['change']} | {name} | {d['sample']} | {d['expected'] or ''} | {d['production_verdict']} | "
             f"{d['challenger_verdict']} | {link} |"
