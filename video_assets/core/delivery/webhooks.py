@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from video_assets.core.config_files import load_entries
-from video_assets.core.routing import clip_url
+from video_assets.core.links import clip_url
 
 SENT, RETRYING = "sent", "retrying"
 FIRST_RETRY_S, MAX_RETRY_S = 10.0, 3600.0

@@ -37,8 +37,8 @@ from video_assets.core.captioning.versions import caption_versions, captioned_ok
 from video_assets.core.evaluation.diff import FLIPS, counts, fact_diff
 from video_assets.core.evaluation.gate import GATED, PROMOTE, UNDECIDED, paired_gate
 from video_assets.core.inference.model_cache import ModelFiles
+from video_assets.core.links import clip_url
 from video_assets.core.media.sampling import SamplingConfig
-from video_assets.core.routing import clip_url
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.versions import plan_structuring
 from video_assets.core.tables import (
