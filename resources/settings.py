@@ -81,6 +81,12 @@ def stream_credentials() -> Mapping[str, str]:
     return os.environ
 
 
+def recorder_files() -> tuple[Path, Path]:
+    """The running recorder's pid file (JSON: pid, start time, config) and its log (``video-assets record``)."""
+    folder = dagster_home() / "streams"
+    return folder / "recorder.json", folder / "recorder.log"
+
+
 def review_token_path() -> Path:
     """This instance's reviewer token: the review page's writes (labels) need it (``video-assets review-token``)."""
     return dagster_home() / "review" / "token"

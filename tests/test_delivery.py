@@ -4,6 +4,10 @@ drops the repeat after a sender that died before recording the answer); no secre
 
 import http.server
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -33,6 +37,9 @@ class Receiver(http.server.BaseHTTPRequestHandler):
             state["accepted"].setdefault(self.headers["Idempotency-Key"], body)
             self.send_response(200)
         self.end_headers()
+        self.wfile.flush()
+        if state.get("kill_sender"):  # the sender dies the moment it has been answered, before it records it
+            os.kill(state.pop("kill_sender"), signal.SIGKILL)
 
     def log_message(self, *args):
         pass
@@ -102,19 +109,30 @@ def test_an_alert_is_retried_until_accepted_and_sent_once(tmp_path, receiver, mo
     assert "s3cret" not in json.dumps([r["body"] for r in requests]) and "s3cret" not in str(row)
 
 
-def test_a_sender_that_dies_after_the_answer_repeats_the_same_key(tmp_path, receiver):
+SENDER = """
+import sys
+from datetime import datetime
+from resources.delivery import AlertDestinations
+from resources.delta import DeltaTables
+from video_assets.defs.delivery.sensors import deliver_due
+deliver_due(DeltaTables(root_uri=sys.argv[1]), AlertDestinations(config_file=sys.argv[2]), datetime.fromisoformat(sys.argv[3]))
+print("recorded")
+"""
+
+
+def test_a_sender_killed_after_the_answer_repeats_the_same_key(tmp_path, receiver):
+    from tests.fixtures.samples import REPO
+
     url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
     tables, delivery = _setup(tmp_path, url, fmt="slack")
-    real = AlertDestinations.post
-
-    def dies_after_answer(self, dest, body, key):
-        real(self, dest, body, key)
-        raise SystemExit("killed after the receiver answered")
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(AlertDestinations, "post", dies_after_answer)
-        with pytest.raises(SystemExit):
-            deliver_due(tables, delivery, T0)
+    # A real process, SIGKILLed by the receiver right after its 200 went out: the answer is never recorded.
+    command = [sys.executable, "-c", SENDER, str(tmp_path / "tables"), delivery.config_file, T0.isoformat()]
+    sender = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    receiver.state["kill_sender"] = sender.pid
+    out, err = sender.communicate(timeout=180)
+    assert sender.returncode == -signal.SIGKILL, err[-2000:]
+    assert "recorded" not in out and len(receiver.state["accepted"]) == 1
     assert not tables.exists(ALERT_DELIVERIES)  # nothing recorded: the next tick sends again...
     assert deliver_due(tables, delivery, T0 + timedelta(seconds=1))["sent"] == 1
     keys = [r["headers"]["Idempotency-Key"] for r in receiver.state["requests"]]

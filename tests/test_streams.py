@@ -165,6 +165,36 @@ def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path)
     plan = register_new_files(VideoVolume(uri=str(volume)), DeltaTables(root_uri=str(tables)))
     manifest = pl.read_delta(str(tables / "batch_manifest"))
     assert manifest.height == len(files) and plan.batches
+    # In the background, known by its pid file: one per instance, stopped by pid (each segment finished).
+    import psutil
+
+    def cli_run(*args):
+        return subprocess.run([*cli, "record", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+
+    for f in files:
+        f.unlink()
+    started = cli_run("--config", str(config), "--detach")
+    assert started.returncode == 0, started.stderr[-2000:]
+    pid = int(started.stdout.split("pid ")[1].split(")")[0])
+    try:
+        assert psutil.pid_exists(pid) and "recording (pid" in cli_run("--status").stdout
+        again = cli_run("--config", str(config), "--detach")
+        assert again.returncode == 2 and f"already recording (pid {pid})" in again.stderr
+        deadline = time.monotonic() + 60
+        while not any(p.suffix == ".mp4" for p in (volume / "streams" / "lab").iterdir()):
+            assert time.monotonic() < deadline, "no segment from the background recorder"
+            time.sleep(0.5)
+        stopped = cli_run("--stop")
+        assert stopped.returncode == 0 and f"recorder stopped (pid {pid})" in stopped.stdout
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        if psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert not (tmp_path / "home" / "streams" / "recorder.json").exists()
+    assert cli_run("--status").stdout.strip() == "no recorder running"
+    assert not any(p.name.endswith(".part") for p in (volume / "streams" / "lab").iterdir())
+    log = (tmp_path / "home" / "streams" / "recorder.log").read_text()
+    assert "recorder stopped" in log and "hunter2" not in log
     # A bad entry is refused before anything starts, naming the camera.
     config.write_text('[[camera]]\nname = "lab"\nurl = "ftp://x/y"\n')
     bad = subprocess.run([*cli, "record", "--config", str(config)], env=env, cwd=REPO, capture_output=True, text=True)
@@ -299,13 +329,79 @@ def test_a_stalled_or_garbage_stream_is_retried_never_a_crashed_recorder(tmp_pat
     assert time.monotonic() - started < 30  # the stall is cut by stall_s, not waited out
 
 
+def _mpegts(width: int, height: int, frames: int, offset_s: float, shade: int) -> bytes:
+    """An H.264 MPEG-TS stream in memory (a keyframe every GOP frames), timed from ``offset_s``."""
+    import io
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mpegts", options={"output_ts_offset": str(offset_s)}) as out:
+        s = out.add_stream("libx264", rate=RATE, options={"g": str(GOP), "bf": "0", "sc_threshold": "0"})
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), (shade + 3 * i) % 256, np.uint8), "rgb24")
+            for p in s.encode(frame):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return buf.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_a_resolution_change_starts_a_new_segment_on_a_new_connection(tmp_path):
+    """A live source (a FIFO: a local device path) switches from 160x96 to 192x112 mid-stream, as an encoder
+    reconfigured on the camera does. No segment mixes the two sizes (the demuxer keeps the first size's
+    parameters: a stale header); the recorder connects again, and the new connection records the new size."""
+    fifo = tmp_path / "camera.ts"
+    os.mkfifo(fifo)
+    small = _mpegts(160, 96, 40, 0, shade=10)
+    large = _mpegts(192, 112, 40, 4, shade=140)
+
+    def camera_side():  # what is live at each connection: first the switch, then the new size only
+        import select
+
+        for payload, live in ((small + large, True), (large, False)):
+            try:
+                with open(fifo, "wb") as f:  # blocks until the recorder opens it
+                    f.write(payload)
+                    f.flush()
+                    poll = select.poll()
+                    poll.register(f, select.POLLERR)
+                    while live and not poll.poll(100):  # still live until the recorder hangs up (no reader)
+                        pass
+            except BrokenPipeError:  # it hung up after the switch, before everything was written
+                pass
+
+    writer = threading.Thread(target=camera_side, daemon=True)
+    writer.start()
+    rows = []
+    recorder = Recorder(Camera(name="bay", url=str(fifo), segment_s=2), tmp_path / "bay", rows.append)
+    try:
+        recorder.record(max_connects=2)
+    finally:  # a recorder still waiting to open the FIFO gets an end of stream instead of waiting forever
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    writer.join(timeout=10)
+    sizes = []
+    for row in rows:
+        with av.open(row["uri"]) as c:
+            frames = list(c.decode(c.streams.video[0]))
+            assert {(f.width, f.height) for f in frames} == {(c.streams.video[0].width, c.streams.video[0].height)}
+            sizes.append((frames[0].width, frames[0].height, len(frames)))
+    assert sizes == [(160, 96, 20), (160, 96, 20), (192, 112, 20), (192, 112, 20)]
+    assert "the picture changed from 160x96 to 192x112" in rows[2]["reason"]
+    assert rows[2]["gap_before_s"] is not None and rows[3]["reason"] == CUT
+    assert recorder.connects == 2
+
+
 def test_retention_deletes_old_segments_but_keeps_the_evidence(tmp_path, capsys):
     from datetime import UTC, datetime, timedelta
 
     import polars as pl
 
     from resources.delta import DeltaTables
-    from video_assets.cli import retention
+    from video_assets.cli import release, retention
     from video_assets.core.tables import ALERTS, KEYS, REVIEW_LABELS, STREAM_SEGMENTS, to_arrow
 
     now = datetime(2026, 12, 6, tzinfo=UTC)
@@ -348,3 +444,10 @@ def test_retention_deletes_old_segments_but_keeps_the_evidence(tmp_path, capsys)
     assert marked["uri"].to_list() == [str(folder / "old.mp4")]
     assert retention(tables, volume, 7, False, now) == 0 and "0 segment(s) deleted" in capsys.readouterr().out
     assert retention(tables, volume, 0, True, now) == 2  # a bad setting, said so
+    # Evidence released by a person goes at the next retention; an unknown file marks nothing.
+    assert release(tables, [str(folder / "old_alert.mp4"), str(folder / "nope.mp4")], now) == 2
+    assert "nope.mp4" in capsys.readouterr().err
+    assert release(tables, [str(folder / "old_alert.mp4")], now) == 0
+    assert retention(tables, volume, 7, False, now) == 0
+    assert "1 segment(s) deleted, 1 kept" in capsys.readouterr().out
+    assert sorted(p.name for p in folder.iterdir()) == ["new.mp4", "old_label.mp4"]

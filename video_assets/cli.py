@@ -151,23 +151,61 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     return ok
 
 
+def _recorder_running() -> dict | None:
+    """The pid file of this instance's recorder, when the process it names is still that recorder."""
+    import json
+
+    from resources.settings import recorder_files
+    from video_assets.core.processes import still_running
+
+    try:
+        info = json.loads(recorder_files()[0].read_text())
+    except (OSError, ValueError):
+        return None
+    return info if still_running(info["pid"], info["started_at"]) else None
+
+
 def record_command(args) -> int:
     """Record every camera of ``--config`` into the volume (``core.streams``), one thread per camera, until
-    interrupted (or ``--seconds``); each finished segment is a ``stream_segments`` row."""
+    interrupted (or ``--seconds``); each finished segment is a ``stream_segments`` row. One recorder per
+    instance, known by its pid file: ``--detach`` starts it in the background, ``--stop`` ends it (SIGTERM:
+    the segments being written are finished), ``--status`` says whether it runs."""
+    import json
+    import os
     import signal
     import threading
     from datetime import UTC, datetime
 
-    from resources.settings import stream_credentials
+    from resources.settings import recorder_files, stream_credentials
     from video_assets.core.streams.config import load_cameras
     from video_assets.core.streams.recorder import record_all
     from video_assets.core.tables import KEYS, STREAM_SEGMENTS, to_arrow
 
+    pid_file, log_file = recorder_files()
+    running = _recorder_running()
+    if args.status or args.stop:
+        if running is None:
+            pid_file.unlink(missing_ok=True)  # a stale file of a recorder that died
+            print("no recorder running")
+            return 0
+        if args.status:
+            print(f"recording (pid {running['pid']}, {running['config']}); log {log_file}")
+            return 0
+        return _stop_recorder(running["pid"], pid_file)
+    if not args.config:
+        print("video-assets record: --config FILE is needed (or --stop / --status)", file=sys.stderr)
+        return 2
+    if running is not None:
+        print(f"video-assets record: already recording (pid {running['pid']}); `video-assets record --stop` first",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
         cameras = load_cameras(args.config)
     except ValueError as exc:
         print(f"video-assets record: {exc}", file=sys.stderr)
         return 2
+    if args.detach:
+        return _detach_recorder(args, pid_file, log_file)
     res = _resources()
     volume, tables = res["volume"], res["tables"]
     try:
@@ -184,15 +222,67 @@ def record_command(args) -> int:
                 to_arrow(STREAM_SEGMENTS, [{**row, "recorded_at": datetime.now(UTC)}]),
                 KEYS[STREAM_SEGMENTS],
             )
-        print(f"{row['camera']}: {row['uri']} ({row['duration_s']:.1f} s, {row['frames']} frames; {row['reason']})")
+        print(f"{row['camera']}: {row['uri']} ({row['duration_s']:.1f} s, {row['frames']} frames; {row['reason']})",
+              flush=True)  # fmt: skip
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if args.seconds:
         threading.Timer(args.seconds, stop.set).start()
-    for c in cameras:
-        print(f"recording {c.name} from {c.redacted} into {folders[c.name]} (segments of {c.segment_s:g} s)")
-    record_all(cameras, folders.__getitem__, on_segment, stop, env=stream_credentials())
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    config = str(Path(args.config).resolve())
+    pid_file.write_text(json.dumps({"pid": os.getpid(), "started_at": time.time(), "config": config}))
+    try:
+        for c in cameras:
+            print(f"recording {c.name} from {c.redacted} into {folders[c.name]} (segments of {c.segment_s:g} s)",
+                  flush=True)  # fmt: skip
+        record_all(cameras, folders.__getitem__, on_segment, stop, env=stream_credentials())
+    finally:
+        pid_file.unlink(missing_ok=True)
+    print("recorder stopped", flush=True)
+    return 0
+
+
+def _detach_recorder(args, pid_file: Path, log_file: Path) -> int:
+    """Start the recorder as a process of its own session (it outlives this command and its terminal), and
+    wait until it has written its pid file (or failed: the end of its log is shown)."""
+    import subprocess
+
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "video_assets.cli", "record", "--config", str(Path(args.config).resolve())]
+    if args.seconds:
+        command += ["--seconds", str(args.seconds)]
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=REPO_ROOT)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        info = _recorder_running()
+        if info is not None and info["pid"] == proc.pid:
+            print(f"recording in the background (pid {proc.pid}); log {log_file}; stop: video-assets record --stop")
+            return 0
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    tail = log_file.read_text(errors="replace")[-2000:] if log_file.exists() else ""
+    print(f"video-assets record: the recorder did not start; its log ({log_file}):\n{tail}", file=sys.stderr)
+    return 2
+
+
+def _stop_recorder(pid: int, pid_file: Path, timeout: float = 60.0) -> int:
+    """SIGTERM (each camera finishes its segment), then SIGKILL after ``timeout``; the pid file goes with it."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    proc.terminate()
+    _, alive = psutil.wait_procs([proc], timeout=timeout)
+    for p in alive:
+        p.kill()
+    pid_file.unlink(missing_ok=True)
+    print(
+        f"recorder stopped (pid {pid})" + (f"; killed, it had not stopped {timeout:g} s after SIGTERM" if alive else "")
+    )
     return 0
 
 
@@ -203,7 +293,29 @@ def retention_command(args) -> int:
 
     res = _resources()
     tables, volume = res["tables"], res["volume"]
+    if args.release:
+        return release(tables, args.release, datetime.now(UTC))
+    if args.days is None:
+        print("video-assets retention: --days N is needed (or --release URI ...)", file=sys.stderr)
+        return 2
     return retention(tables, volume, args.days, args.dry_run, datetime.now(UTC))
+
+
+def release(tables, uris: list[str], now) -> int:
+    """Release segments from the evidence hold: the next retention may delete them although an alert or a
+    label points at them. An unknown file is an error naming it, and nothing is marked."""
+    from video_assets.core.tables import KEYS, SCHEMAS, STREAM_SEGMENTS, to_arrow
+
+    segments = {s["uri"]: s for s in tables.read(STREAM_SEGMENTS, SCHEMAS[STREAM_SEGMENTS]).to_dicts()}
+    unknown = [u for u in uris if u not in segments]
+    if unknown:
+        print(f"video-assets retention: not a recorded stream segment: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    rows = [{**segments[u], "released_at": segments[u]["released_at"] or now} for u in uris]
+    tables.merge(STREAM_SEGMENTS, to_arrow(STREAM_SEGMENTS, rows), KEYS[STREAM_SEGMENTS])
+    for u in uris:
+        print(f"released {u}: the next retention past its age deletes it")
+    return 0
 
 
 def retention(tables, volume, days: float, dry_run: bool, now) -> int:
@@ -220,7 +332,7 @@ def retention(tables, volume, days: float, dry_run: bool, now) -> int:
         print(f"video-assets retention: {exc}", file=sys.stderr)
         return 2
     for s in kept:
-        print(f"keep {s['uri']} (evidence: an alert or a review label)")
+        print(f"keep {s['uri']} (evidence: an alert or a review label; `--release URI` lets it go)")
     for s in gone:
         print(
             f"{'would delete' if dry_run else 'delete'} {s['uri']} ({s['camera']}, ended {s['ended_at']:%Y-%m-%d %H:%M})"
@@ -560,12 +672,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub.add_parser("review-token", help="print this instance's reviewer token (the review page's writes need it)")
     rec = sub.add_parser("record", help="record live cameras (a TOML of [[camera]] tables) into the volume")
-    rec.add_argument("--config", required=True, help="camera config file (docs/streams.md)")
+    rec.add_argument("--config", help="camera config file (docs/streams.md)")
     rec.add_argument(
         "--seconds", type=float, default=None, help="stop after this many seconds (default: until stopped)"
     )
+    how_rec = rec.add_mutually_exclusive_group()
+    how_rec.add_argument("--detach", action="store_true", help="record in the background (pid file, log)")
+    how_rec.add_argument("--stop", action="store_true", help="stop this instance's recorder")
+    how_rec.add_argument("--status", action="store_true", help="whether this instance's recorder runs")
     ret = sub.add_parser("retention", help="delete stream segments older than --days, keeping alert/label evidence")
-    ret.add_argument("--days", type=float, required=True, help="keep segments that ended less than this long ago")
+    ret.add_argument("--days", type=float, help="keep segments that ended less than this long ago")
+    ret.add_argument("--release", nargs="+", metavar="URI", help="release these segments from the evidence hold")
     ret.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     rep = sub.add_parser(
         "reprocess", help="run again the batches whose rows are not from the production model, prompt or structuring"

@@ -483,6 +483,11 @@ SCHEMAS[STREAM_SEGMENTS] = pa.schema(
         ),
         pa.field("recorded_at", _TS, nullable=False, metadata={"doc": "when the file was renamed into the volume"}),
         pa.field("deleted_at", _TS, metadata={"doc": "when retention deleted the file; null: still there"}),
+        pa.field(
+            "released_at",
+            _TS,
+            metadata={"doc": "when a person released it from the evidence hold (retention --release); null: held"},
+        ),
     ]
 )
 # What a challenger changes (core.evaluation.diff): per promotion decision, use case and video, both

@@ -4,11 +4,11 @@
 registers each finished segment exactly once. Pure of Dagster: the caller says where the volume's folder is
 and what to do with each segment's row (``on_segment``: the ``stream_segments`` table).
 
-A stream that is not there yet, ends, stalls (no packet for ``stall_s``: the demuxer's read timeout) or
-sends what cannot be demuxed closes the segment being written (kept: it is valid up to its last packet) and
-is opened again after a backoff with jitter (1 s doubling to ``max_backoff_s``); the next segment's row says
-why there was a gap and how long it was. Nothing here raises out of ``record``: it returns when ``stop`` is
-set or after ``max_connects`` attempts.
+A stream that is not there yet, ends, stalls (no packet for ``stall_s``: the demuxer's read timeout), sends
+what cannot be demuxed, or changes its picture size (each keyframe is decoded to see it) closes the segment
+being written (kept: it is valid up to its last packet) and is opened again after a backoff with jitter (1 s
+doubling to ``max_backoff_s``); the next segment's row says why there was a gap and how long it was. Nothing
+here raises out of ``record``: it returns when ``stop`` is set or after ``max_connects`` attempts.
 """
 
 from __future__ import annotations
@@ -53,6 +53,26 @@ def _options(camera: Camera) -> dict[str, str]:
     if camera.url.startswith(("rtsp://", "rtsps://")):
         return {"rtsp_transport": "tcp", "timeout": timeout_us}
     return {"rw_timeout": timeout_us}
+
+
+class _KeyframeProbe:
+    """The picture size of each keyframe, decoded alone. The demuxer keeps the parameters it probed at
+    connect (an in-band change of resolution never reaches the stream's codec parameters), so a segment
+    would carry packets its header does not describe; one keyframe a GOP costs a few ms of CPU."""
+
+    def __init__(self, src):
+        self.decoder = av.CodecContext.create(src.codec_context.name, "r")
+        self.decoder.extradata = src.codec_context.extradata
+        self.decoder.thread_type = "NONE"  # one frame in, one out: no frame-thread delay
+
+    def shape(self, packet) -> tuple[int, int] | None:
+        try:
+            frames = self.decoder.decode(packet) + self.decoder.decode(None)
+        except av.error.FFmpegError:
+            frames = []
+        finally:
+            self.decoder.flush_buffers()  # ready for the next keyframe after the drain
+        return (frames[0].width, frames[0].height) if frames else None
 
 
 class Recorder:
@@ -146,13 +166,22 @@ class Recorder:
                 return f"{RECONNECT}: no video stream"
             src = container.streams.video[0]
             tb = src.time_base
-            shape = (src.codec_context.name, src.codec_context.width, src.codec_context.height)
+            probe, shape = _KeyframeProbe(src), None
             for packet in container.demux(src):
                 if self.stop.is_set():
                     why = STOPPED
                     break
                 if packet.pts is None or packet.size == 0:
                     continue
+                if packet.is_keyframe:  # a new resolution: a new segment, opened on the next connection
+                    now = probe.shape(packet)
+                    if now is None:
+                        why = f"{RECONNECT}: a keyframe that does not decode"
+                        break
+                    if shape is not None and now != shape:
+                        why = f"{RECONNECT}: the picture changed from {shape[0]}x{shape[1]} to {now[0]}x{now[1]}"
+                        break
+                    shape = now
                 if seg is None:
                     if not packet.is_keyframe:
                         continue  # a segment starts on a keyframe: nothing before it decodes
@@ -162,10 +191,6 @@ class Recorder:
                     seg = self._start(src, packet)
                 elif packet.pts < seg.last_pts - 10 * max(1, seg.last_duration):
                     why = f"{RECONNECT}: timestamps went back"
-                    break
-                now = (src.codec_context.name, src.codec_context.width, src.codec_context.height)
-                if now != shape:  # a new resolution or codec: a new segment, opened on the next connection
-                    why = f"{RECONNECT}: the stream changed from {shape} to {now}"
                     break
                 seg.last_pts, seg.last_duration = packet.pts, packet.duration or seg.last_duration
                 self._write(seg, packet)

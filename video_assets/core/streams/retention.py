@@ -1,7 +1,8 @@
 """Which stream segments retention deletes. Pure.
 
 A segment older than ``days`` (by its wall-clock end) goes, unless it is evidence: a video with an alert or
-a review label keeps its file until neither exists any more. Already-deleted segments are not listed again.
+a review label keeps its file until a person releases it (``released_at``) or neither exists any more.
+Already-deleted segments are not listed again.
 """
 
 from __future__ import annotations
@@ -18,4 +19,5 @@ def expired(
         raise ValueError("retention days must be > 0")
     cutoff = now - timedelta(days=days)
     old = [s for s in segments if s.get("deleted_at") is None and s["ended_at"] < cutoff]
-    return [s for s in old if s["uri"] not in evidence_uris], [s for s in old if s["uri"] in evidence_uris]
+    held = [s for s in old if s["uri"] in evidence_uris and s.get("released_at") is None]
+    return [s for s in old if s not in held], held
