@@ -201,6 +201,86 @@ def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path)
     assert bad.returncode == 2 and "camera 'lab'" in bad.stderr
 
 
+@pytest.mark.slow
+def test_a_cameras_segments_flow_through_the_graph_into_alerts_in_its_own_time(
+    hls, instance, resources, session_ray, volume_dir, tmp_path
+):
+    """Recorded segments -> stream_sensor's micro-batch -> captions (an OpenAI-compatible VLM endpoint, the
+    project's stub server) -> structured events -> alerts placed in the camera's time, with how long after
+    the moment each was raised."""
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    import polars as pl
+    from dagster import build_sensor_context, materialize
+
+    from resources.mlflow_registry import MlflowRegistry
+    from resources.structurer import StructurerSettings
+    from resources.vlm import VlmSettings
+    from tests.fixtures.openai_stub import stub_server
+    from video_assets.cli import segment_writer
+    from video_assets.defs.captioning.assets import captions
+    from video_assets.defs.ingest.assets import raw_videos, video_metadata
+    from video_assets.defs.ingest.sensors import stream_sensor
+    from video_assets.defs.models.assets import caption_prompt, vlm_model
+    from video_assets.defs.routing.assets import routed_events
+    from video_assets.defs.structuring.assets import structured_events
+
+    event = {"start_s": 1.0, "end_s": 2.0, "actor": "person", "action": "picks up", "object": "box"}
+    good = {"verdict": "confirmed", "confidence": 0.9, "events": [event], "rationale": "a box is picked up"}
+    replies = {"model": "stub-vlm", "user_routes": {"Frames sampled at": "A person picks up a box."}}
+    replies["routes"] = {"one JSON object": json.dumps(good)}
+    recording = datetime.now(UTC)
+    Recorder(Camera(name="lab", url=hls, segment_s=3), resources["volume"].stream_folder("lab"),
+             segment_writer(resources["tables"])).record(max_connects=1)  # fmt: skip
+    with stub_server(replies, tmp_path) as stub:
+        res = {
+            **resources,
+            **session_ray,
+            "mlflow_registry": MlflowRegistry(
+                tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
+            ),
+            "vlm": VlmSettings(
+                cache_dir=str(tmp_path / "models"),
+                engine="endpoint",
+                endpoint_url=stub.base_url,
+                endpoint_model="stub-vlm",
+                max_new_tokens=24,
+            ),  # fmt: skip
+            "structurer": StructurerSettings(max_new_tokens=64),
+        }
+        sensor_resources = {k: res[k] for k in ("volume", "tables")}
+        tick = stream_sensor(build_sensor_context(instance=instance, resources=sensor_resources))
+        for req in tick.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        [run] = tick.run_requests
+        assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+        everything = [raw_videos, video_metadata, captions, structured_events, routed_events, vlm_model, caption_prompt]
+        # Two runs (captions, then the rest): in one process each Ray stage would initialise Ray again.
+        sampling = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
+        for selection, config in (
+            ([raw_videos, video_metadata, captions], sampling),
+            ([structured_events, routed_events], {}),
+        ):
+            result = materialize(everything, selection=selection, partition_key=run.partition_key, instance=instance,
+                                 resources=res, run_config=config)  # fmt: skip
+            assert result.success
+    done = datetime.now(UTC)
+    segments = pl.read_delta(res["tables"].table_uri("stream_segments")).sort("started_at")
+    alerts = pl.read_delta(res["tables"].table_uri("alerts")).sort("wall_start")
+    assert segments.height == 4 and alerts["uri"].to_list() == segments["uri"].to_list()  # every segment
+    assert set(alerts["camera"]) == {"lab"} and set(alerts["verdict"]) == {"confirmed"}
+    for a, s in zip(alerts.to_dicts(), segments.to_dicts()):
+        assert a["wall_start"] == s["started_at"] + timedelta(seconds=1) and a["wall_end"] == s[
+            "started_at"
+        ] + timedelta(seconds=2)
+        # Raised after the moment and before now; the whole graph ran in between.
+        assert a["detected_after_s"] == pytest.approx((a["routed_at"] - a["wall_start"]).total_seconds(), abs=1e-3)
+        assert 0 < a["detected_after_s"] <= (done - recording).total_seconds()
+    meta = result.asset_materializations_for_node("routed_events")
+    assert any("camera_median_detected_after_s" in m.metadata for m in meta)
+
+
 # -- a real RTSP server (GStreamer's, tests/fixtures/rtsp_server.py) ----------------------------------------
 
 RTSP_FRAMES = 80  # 8 s at 10 fps, a keyframe a second: the server sends it at its own pace

@@ -174,12 +174,10 @@ def record_command(args) -> int:
     import os
     import signal
     import threading
-    from datetime import UTC, datetime
 
     from resources.settings import recorder_files, stream_credentials
     from video_assets.core.streams.config import load_cameras
     from video_assets.core.streams.recorder import record_all
-    from video_assets.core.tables import KEYS, STREAM_SEGMENTS, to_arrow
 
     pid_file, log_file = recorder_files()
     running = _recorder_running()
@@ -213,18 +211,7 @@ def record_command(args) -> int:
     except ValueError as exc:
         print(f"video-assets record: {exc}", file=sys.stderr)
         return 2
-    stop, lock = threading.Event(), threading.Lock()
-
-    def on_segment(row: dict) -> None:
-        with lock:  # one writer at a time: each row one commit, keyed by the file (a rerun writes it once)
-            tables.merge(
-                STREAM_SEGMENTS,
-                to_arrow(STREAM_SEGMENTS, [{**row, "recorded_at": datetime.now(UTC)}]),
-                KEYS[STREAM_SEGMENTS],
-            )
-        print(f"{row['camera']}: {row['uri']} ({row['duration_s']:.1f} s, {row['frames']} frames; {row['reason']})",
-              flush=True)  # fmt: skip
-
+    stop, on_segment = threading.Event(), segment_writer(tables)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if args.seconds:
@@ -241,6 +228,29 @@ def record_command(args) -> int:
         pid_file.unlink(missing_ok=True)
     print("recorder stopped", flush=True)
     return 0
+
+
+def segment_writer(tables):
+    """What the recorder does with each finished segment: its ``stream_segments`` row (one writer at a time,
+    each row one commit keyed by the file, so a rerun writes it once), and a line on stdout."""
+    import threading
+    from datetime import UTC, datetime
+
+    from video_assets.core.tables import KEYS, STREAM_SEGMENTS, to_arrow
+
+    lock = threading.Lock()
+
+    def on_segment(row: dict) -> None:
+        with lock:
+            tables.merge(
+                STREAM_SEGMENTS,
+                to_arrow(STREAM_SEGMENTS, [{**row, "recorded_at": datetime.now(UTC)}]),
+                KEYS[STREAM_SEGMENTS],
+            )
+        print(f"{row['camera']}: {row['uri']} ({row['duration_s']:.1f} s, {row['frames']} frames; {row['reason']})",
+              flush=True)  # fmt: skip
+
+    return on_segment
 
 
 def _detach_recorder(args, pid_file: Path, log_file: Path) -> int:

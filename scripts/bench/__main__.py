@@ -9,7 +9,9 @@ the target (issue "Performance"). Sections (scripts/bench/<name>.py, each ``rows
 - pipeline: a 2-clip vs a 20-clip batch through the real captions asset, and batch wall time vs its
   decode + generation time;
 - throughput: the throughput model's predictions vs measured batches;
-- archive: transcription vs real time, frame embedding vs decoding the frames, text embedding rate.
+- archive: transcription vs real time, frame embedding vs decoding the frames, text embedding rate;
+- latency: a live camera (HLS) recorded, sensed and run batch by batch: median detected_after_s vs the
+  segment length.
 
 Clips: ../shared/samples (the bundled samples/ when absent) plus the longer clips the sampling section
 generates. Needs the ffmpeg and ffprobe CLIs (`make bench` installs Debian's ffmpeg when missing).
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("probe", "sampling", "frames", "delta", "pipeline", "throughput", "archive")
+SECTIONS = ("probe", "sampling", "frames", "delta", "pipeline", "throughput", "archive", "latency")
 SUFFIXES = (".mp4", ".mkv", ".webm", ".avi", ".mpg", ".mov")
 
 

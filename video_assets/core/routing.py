@@ -45,17 +45,20 @@ def evidence(row: dict, prose: str | None) -> dict:
 
 
 def wall_clock(row: dict, segment: dict | None, now) -> dict:
-    """A camera segment's alert in the camera's own time: ``camera``, ``wall_start`` / ``wall_end`` (the
-    segment's wall-clock start + the evidence's offsets) and ``detected_after_s`` (from the evidence's start
-    to ``now``, when the alert row is written); all None for a video that is not a camera's segment."""
+    """A camera segment's routed row in the camera's own time: ``camera``, ``wall_start`` / ``wall_end`` (the
+    segment's wall-clock start + the evidence's offsets; a row without event times is about the whole
+    segment) and ``detected_after_s`` (from ``wall_start`` to ``now``, when the row is written); all None for
+    a video that is not a camera's segment."""
     from datetime import timedelta
 
-    if segment is None or row.get("start_s") is None:
+    if segment is None:
         return {"camera": None, "wall_start": None, "wall_end": None, "detected_after_s": None}
-    start = segment["started_at"] + timedelta(seconds=float(row["start_s"]))
-    end = segment["started_at"] + timedelta(
-        seconds=float(row["end_s"] if row.get("end_s") is not None else row["start_s"])
-    )
+    began = segment["started_at"]
+    if row.get("start_s") is None:
+        start, end = began, segment.get("ended_at")
+    else:
+        start = began + timedelta(seconds=float(row["start_s"]))
+        end = began + timedelta(seconds=float(row["end_s"] if row.get("end_s") is not None else row["start_s"]))
     return {
         "camera": segment["camera"],
         "wall_start": start,

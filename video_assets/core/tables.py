@@ -102,6 +102,22 @@ _ROUTED = _STRUCT_KEY + [
     pa.field("routed_at", _TS, nullable=False, metadata={"doc": "when routed"}),
 ]
 
+# A camera's segment: each routed row in the camera's own time (core.routing.wall_clock); null otherwise.
+_CAMERA_TIME = [
+    pa.field("camera", pa.string(), metadata={"doc": "the camera, when the video is a stream segment"}),
+    pa.field(
+        "wall_start",
+        _TS,
+        metadata={"doc": "evidence start by the camera's clock (segment start + start_s; no times: the segment's)"},
+    ),
+    pa.field("wall_end", _TS, metadata={"doc": "evidence end by the camera's clock"}),
+    pa.field(
+        "detected_after_s",
+        pa.float64(),
+        metadata={"doc": "seconds from the evidence's wall-clock start to this routed row"},
+    ),
+]
+
 SCHEMAS: dict[str, pa.Schema] = {
     BATCH_MANIFEST: pa.schema(
         [
@@ -257,22 +273,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("structured_at", _TS, nullable=False, metadata={"doc": "when written"}),
         ]
     ),
-    ALERTS: pa.schema(
-        _ROUTED
-        + [
-            pa.field("camera", pa.string(), metadata={"doc": "the camera, when the video is a stream segment"}),
-            pa.field(
-                "wall_start", _TS, metadata={"doc": "evidence start by the camera's clock (segment start + start_s)"}
-            ),
-            pa.field("wall_end", _TS, metadata={"doc": "evidence end by the camera's clock"}),
-            pa.field(
-                "detected_after_s",
-                pa.float64(),
-                metadata={"doc": "seconds from the evidence's wall-clock start to this alert row"},
-            ),
-        ]
-    ),
-    REVIEW_QUEUE: pa.schema(_ROUTED),
+    ALERTS: pa.schema(_ROUTED + _CAMERA_TIME),
+    REVIEW_QUEUE: pa.schema(_ROUTED + _CAMERA_TIME),
     EVAL_SCORES: pa.schema(
         [
             pa.field("eval_id", pa.string(), nullable=False, metadata={"doc": "unique id of the evaluation"}),

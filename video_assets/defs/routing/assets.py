@@ -73,13 +73,14 @@ def routed_events(
         a, r = routing.split(rows, threshold, prose)
         alerts += a
         review += r
-    # A camera's segment: the alert in the camera's own time, and how long after the moment it was raised.
-    uris = sorted({a["uri"] for a in alerts})
+    # A camera's segment: each row in the camera's own time, and how long after the moment it was routed.
+    uris = sorted({r["uri"] for r in alerts + review})
     segments = {}
     if uris and tables.exists(STREAM_SEGMENTS):
         found = tables.read(STREAM_SEGMENTS, SCHEMAS[STREAM_SEGMENTS], where=pl.col("uri").is_in(uris))
         segments = {s["uri"]: s for s in found.to_dicts()}
     alerts = [{**a, **routing.wall_clock(a, segments.get(a["uri"]), now)} for a in alerts]
+    review = [{**r, **routing.wall_clock(r, segments.get(r["uri"]), now)} for r in review]
     for name, rows in ((ALERTS, alerts), (REVIEW_QUEUE, review)):
         cols = SCHEMAS[name].names
         # The batch's rows replaced in one commit (a crash leaves the old rows or the new, never none);
@@ -110,14 +111,14 @@ def routed_events(
                 **pair.metadata(),
                 "thresholds": MetadataValue.json(thresholds),
                 **(
-                    {"camera_alerts_median_detected_after_s": MetadataValue.float(_median_delay(alerts))}
-                    if name == ALERTS and any(a["detected_after_s"] is not None for a in alerts)
+                    {"camera_median_detected_after_s": MetadataValue.float(_median_delay(rows))}
+                    if any(r["detected_after_s"] is not None for r in rows)
                     else {}
                 ),
             },
         )
 
 
-def _median_delay(alerts: list[dict]) -> float:
-    delays = sorted(a["detected_after_s"] for a in alerts if a["detected_after_s"] is not None)
+def _median_delay(rows: list[dict]) -> float:
+    delays = sorted(r["detected_after_s"] for r in rows if r["detected_after_s"] is not None)
     return float(delays[len(delays) // 2])
