@@ -124,6 +124,8 @@ def test_a_camera_alert_is_placed_in_the_cameras_own_time():
     }
     assert wall_clock(row, None, began)["camera"] is None  # an uploaded file: no camera time
     # A row without event times (unparsed, verdict only) is about the whole segment.
-    whole = wall_clock({"start_s": None}, {**segment, "ended_at": began + timedelta(seconds=30)}, began + timedelta(seconds=45))
+    whole = wall_clock(
+        {"start_s": None}, {**segment, "ended_at": began + timedelta(seconds=30)}, began + timedelta(seconds=45)
+    )
     assert (whole["wall_start"], whole["wall_end"]) == (began, began + timedelta(seconds=30))
     assert whole["detected_after_s"] == 45.0
