@@ -11,10 +11,7 @@ import polars as pl
 import pytest
 from dagster import materialize
 
-from resources.mlflow_registry import MlflowRegistry
-from resources.structurer import StructurerSettings
-from resources.vlm import VlmSettings
-from tests.fixtures.batches import caption_new_batch, structure_batch
+from tests.fixtures.batches import caption_new_batch, endpoint_resources, structure_batch
 from tests.fixtures.openai_stub import stub_server
 from video_assets.core.captioning.endpoint_engine import caption_payload
 from video_assets.core.inference.endpoint import Endpoint, check_url
@@ -75,23 +72,7 @@ def test_endpoint_settings_are_checked_and_the_key_is_never_shown():
 
 
 def _resources(resources, session_ray, tmp_path, stub, secret: str, **vlm) -> dict:
-    settings = {"max_new_tokens": 24, "endpoint_timeout_s": 5.0, **vlm}
-    return {
-        **resources,
-        **session_ray,
-        "mlflow_registry": MlflowRegistry(
-            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
-        ),
-        "vlm": VlmSettings(
-            cache_dir=str(tmp_path / "models"),
-            engine="endpoint",
-            endpoint_url=stub.base_url,
-            endpoint_model="stub-vlm",
-            endpoint_api_key=secret,
-            **settings,
-        ),
-        "structurer": StructurerSettings(max_new_tokens=64),
-    }
+    return endpoint_resources({**resources, **session_ray}, tmp_path, stub, secret, **vlm)
 
 
 def _caption_batch(instance, res, volume_dir):

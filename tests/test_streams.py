@@ -214,9 +214,7 @@ def test_a_cameras_segments_flow_through_the_graph_into_alerts_in_its_own_time(
     import polars as pl
     from dagster import build_sensor_context, materialize
 
-    from resources.mlflow_registry import MlflowRegistry
-    from resources.structurer import StructurerSettings
-    from resources.vlm import VlmSettings
+    from tests.fixtures.batches import endpoint_resources
     from tests.fixtures.openai_stub import stub_server
     from video_assets.cli import segment_writer
     from video_assets.defs.captioning.assets import captions
@@ -234,21 +232,7 @@ def test_a_cameras_segments_flow_through_the_graph_into_alerts_in_its_own_time(
     Recorder(Camera(name="lab", url=hls, segment_s=3), resources["volume"].stream_folder("lab"),
              segment_writer(resources["tables"])).record(max_connects=1)  # fmt: skip
     with stub_server(replies, tmp_path) as stub:
-        res = {
-            **resources,
-            **session_ray,
-            "mlflow_registry": MlflowRegistry(
-                tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
-            ),
-            "vlm": VlmSettings(
-                cache_dir=str(tmp_path / "models"),
-                engine="endpoint",
-                endpoint_url=stub.base_url,
-                endpoint_model="stub-vlm",
-                max_new_tokens=24,
-            ),  # fmt: skip
-            "structurer": StructurerSettings(max_new_tokens=64),
-        }
+        res = endpoint_resources({**resources, **session_ray}, tmp_path, stub)
         sensor_resources = {k: res[k] for k in ("volume", "tables")}
         tick = stream_sensor(build_sensor_context(instance=instance, resources=sensor_resources))
         for req in tick.dynamic_partitions_requests:
