@@ -321,7 +321,9 @@ def release(tables, uris: list[str], now) -> int:
     if unknown:
         print(f"video-assets retention: not a recorded stream segment: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    rows = [{**segments[u], "released_at": segments[u]["released_at"] or now} for u in uris]
+    rows = [
+        {**segments[u], "released_at": segments[u].get("released_at") or now} for u in uris
+    ]  # old tables: no column
     tables.merge(STREAM_SEGMENTS, to_arrow(STREAM_SEGMENTS, rows), KEYS[STREAM_SEGMENTS])
     for u in uris:
         print(f"released {u}: the next retention past its age deletes it")
