@@ -32,31 +32,13 @@ SEGMENT_S, STREAM_S, TICK_S = 10, 180, 5
 CLIP_S = 60  # the looped clip; a keyframe every second
 
 
-def _camera_clip(path: Path) -> None:
-    """CLIP_S seconds of a bright square moving over noise, H.264 at 10 fps with a keyframe every second (as
-    a camera's encoder is usually set)."""
-    import av
-    import numpy as np
-
-    rng = np.random.default_rng(4242)
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=10, options={"g": "10", "bf": "0", "sc_threshold": "0"})
-        stream.width, stream.height, stream.pix_fmt = 320, 240, "yuv420p"
-        for i in range(CLIP_S * 10):
-            img = rng.integers(0, 60, (240, 320, 3), dtype=np.uint8)
-            x = (i * 7) % 260
-            img[80:140, x : x + 60] = 230
-            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-
-
 def _live_hls(folder: Path) -> tuple[str, subprocess.Popen, http.server.ThreadingHTTPServer]:
     """ffmpeg publishing a looped clip live (-re) as HLS into ``folder``, served over HTTP on 127.0.0.1."""
+    from scripts.bench.pipeline import _clip
+
     folder.mkdir(parents=True, exist_ok=True)
     clip = folder.parent / "camera-source.mp4"
-    _camera_clip(clip)
+    _clip(clip, seed=4242, seconds=CLIP_S, gop=10)  # a keyframe every second
     ffmpeg = subprocess.Popen(
         ["ffmpeg", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", str(clip), "-c", "copy", "-f", "hls",
          "-hls_time", "2", "-hls_list_size", "6", "-hls_flags", "delete_segments", str(folder / "live.m3u8")],

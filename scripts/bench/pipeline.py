@@ -20,13 +20,15 @@ SMALL, LARGE = 2, 20
 CLIP_S = 4  # seconds per generated clip
 
 
-def _clip(path: Path, seed: int, seconds: int = CLIP_S) -> None:
-    """A distinct small H.264 clip: a moving bright square on noise (content differs per seed)."""
+def _clip(path: Path, seed: int, seconds: int = CLIP_S, gop: int | None = None) -> None:
+    """A distinct small H.264 clip: a moving bright square on noise (content differs per seed); with ``gop``,
+    a keyframe every ``gop`` frames and no B-frames (as a camera's encoder is usually set)."""
     import av
 
     rng = np.random.default_rng(seed)
     with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=10)
+        options = {"g": str(gop), "bf": "0", "sc_threshold": "0"} if gop else {}
+        stream = out.add_stream("libx264", rate=10, options=options)
         stream.width, stream.height, stream.pix_fmt = 320, 240, "yuv420p"
         for i in range(seconds * 10):
             img = rng.integers(0, 60, (240, 320, 3), dtype=np.uint8)
