@@ -29,10 +29,10 @@ from video_assets.defs.models.assets import caption_prompt, vlm_model
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
 
 
-def _cli(*args):
+def _cli(*args, env: dict | None = None):
     return subprocess.run(
         [sys.executable, "-m", "video_assets.cli", *args],
-        env=os.environ.copy(),
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=240,
@@ -70,7 +70,8 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
             "mlflow_registry": MlflowRegistry(
                 tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art")
             ),
-            "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers", max_new_tokens=4),
+            # The settings `video-assets ray serve-config` reads from the environment below.
+            "vlm": VlmSettings(cache_dir=str(tiny_model_cache), engine="transformers"),
             "ray_cluster": EmbeddedRay(ray_init_options=ray_init_options(), address=local_ray_address()),
         }
         assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
@@ -87,6 +88,23 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
         assert pids[1][0]["loads"] == 1 and pids[1][0]["captioned"] == 3
         caps = pl.read_delta(res["tables"].table_uri("captions"))
         assert caps.height == 3 and (caps["status"] == "ok").all()
+
+        # The Serve config the CLI writes for this instance's settings names the application the steps
+        # deployed (what a cluster deploys with `serve deploy` is what the steps look for), with the
+        # registered model's artifact for replicas on other nodes.
+        env = {
+            "MLFLOW_TRACKING_URI": res["mlflow_registry"].tracking_uri,
+            "MLFLOW_ARTIFACT_ROOT": res["mlflow_registry"].artifact_root,
+            "VLM_CACHE_DIR": str(tiny_model_cache),
+            "VLM_ENGINE": "transformers",
+        }
+        written = _cli("ray", "serve-config", "--output", str(tmp_path / "captioner.yaml"), env=env)
+        assert written.returncode == 0, written.stderr
+        [app] = json.loads(
+            "".join(ln for ln in (tmp_path / "captioner.yaml").read_text().splitlines() if not ln.startswith("#"))
+        )["applications"]
+        assert app["name"] == pids[1][0]["app"] and app["import_path"].endswith("captioner:build")
+        assert str(tmp_path / "art") in app["args"]["engine"]["model"]["artifact_uri"]
 
         # Structuring with the captioning model runs on the same warm engine (no second copy of the
         # model in the step) and decodes exactly what a structurer loaded in the step would.

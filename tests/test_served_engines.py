@@ -3,6 +3,7 @@ that the next batch reuses (no second model load), that a new model or setting d
 Serve brings back when a replica dies, and that scales to zero when idle. Real local Ray and Serve, the
 tiny real model, bundled clips."""
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +16,15 @@ from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import caption_rows
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
-from video_assets.core.serving.captioner import app_name, app_status, deploy, engine_service, replicas, stats
+from video_assets.core.serving.captioner import (
+    app_name,
+    app_status,
+    deploy,
+    engine_service,
+    replicas,
+    serve_config,
+    stats,
+)
 from video_assets.defs.engines import job_spec
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
@@ -147,3 +156,38 @@ def test_an_idle_caption_replica_does_not_make_the_next_stage_wait(local_ray, ti
     rows = list(stream([{"n": i} for i in range(4)], _split, {}, _Encoder, {}, StageSpec(1, 1, 0.0, 2)))
     assert sorted(r["n"] for r in rows) == [0, 2, 4, 6]
     assert stats(app_name(spec))["pid"] == before["pid"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_serve_config_deploys_the_application_the_steps_use(local_ray, tiny_model, tmp_path):
+    """The Serve config of a spec, deployed the way a cluster deploys configs (`serve run` of the file: Serve's
+    controller builds the application from its import_path and args), is the application the steps look for:
+    the next job uses its replica as it is (no second deploy, one model load). A config whose settings were
+    edited under the same name is refused by its replica, so a step never takes it for another model."""
+    from click.testing import CliRunner
+    from ray import serve
+    from ray.serve.scripts import cli
+
+    spec = _spec(tiny_model, idle_s=600.0)
+    name = app_name(spec)
+    config = tmp_path / "captioner.yaml"
+    config.write_text(json.dumps(serve_config(spec)))
+    ran = CliRunner().invoke(cli, ["run", "--non-blocking", str(config)])
+    assert ran.exit_code == 0, ran.output
+    _wait(lambda: app_status(name) == "RUNNING", 180, f"the config's application did not start: {serve.status()}")
+    replica = stats(name)
+
+    rows = list(caption_rows(_videos(["realshort.mp4"]), spec))
+    assert [r["status"] for r in rows] == ["ok"] and rows[0]["prose"]
+    again = stats(name)
+    assert (again["replica"], again["loads"], again["captioned"]) == (replica["replica"], 1, 1)
+
+    edited = serve_config(spec)
+    edited["applications"][0]["args"]["engine"]["max_new_tokens"] = 9  # another engine under the old name
+    config.write_text(json.dumps(edited))
+    ran = CliRunner().invoke(cli, ["run", "--non-blocking", str(config)])
+    assert ran.exit_code == 0, ran.output
+    _wait(lambda: app_status(name) == "DEPLOY_FAILED", 180, f"the edited config was not refused: {serve.status()}")
+    refused = serve.status().applications[name].deployments["Captioner"].message
+    assert "its settings make it" in refused and "video-assets ray serve-config" in refused

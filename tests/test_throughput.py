@@ -128,3 +128,14 @@ def test_the_accelerator_pool_is_set_from_the_command_line(dagster_home, monkeyp
         1,
         1,
     ]
+
+
+def test_a_serve_config_needs_the_cluster_that_will_serve_it(dagster_home, monkeypatch, capsys):
+    """`video-assets ray serve-config` without a Ray that outlives the steps (no RAY_ADDRESS, no `ray up`):
+    an error naming the setting, and nothing written (steps with an embedded Ray load their own engine)."""
+    from video_assets.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = dagster_home / "captioner.yaml"
+    assert main(["ray", "serve-config", "--output", str(out)]) == 2
+    assert "RAY_ADDRESS" in capsys.readouterr().err and not out.exists()

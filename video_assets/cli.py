@@ -553,6 +553,8 @@ def ray_service_command(args) -> int:
     by Ray Serve between batches)."""
     from resources import ray_service
 
+    if args.action == "serve-config":
+        return serve_config_command(args)
     if args.action == "up":
         info = ray_service.up(args.num_cpus)
         print(
@@ -563,6 +565,68 @@ def ray_service_command(args) -> int:
     else:
         address = ray_service.service_address()
         print(f"local Ray at {address}" if address else "no local Ray service (steps embed their own)")
+    return 0
+
+
+def serve_config_command(args) -> int:
+    """A Serve config of the production caption model's application, as the steps would deploy it on the
+    cluster they join (RAY_ADDRESS, or `ray up`'s local Ray): deployed by `serve deploy` (or a RayService's
+    ``serveConfigV2``), it is the application the steps find and use. Asks that cluster for its GPUs, as a
+    step does, and downloads the registered model into VLM_CACHE_DIR once, as a step would."""
+    import json
+
+    import ray
+
+    from resources.ray_cluster import init_ray
+    from resources.ray_service import cluster_address, local_ray_address
+    from resources.settings import embedded_ray_auth
+    from video_assets.core.media.sampling import SamplingConfig
+    from video_assets.core.serving.captioner import serve_config
+    from video_assets.defs.engines import engine_name, job_spec, resolve_caption_model
+
+    address = cluster_address() or local_ray_address()
+    if not address:
+        print(
+            "video-assets ray serve-config: no Ray outlives the steps here: set RAY_ADDRESS to the cluster that "
+            "will serve the model (or run `video-assets ray up`); with an embedded Ray each step loads its own engine",
+            file=sys.stderr,
+        )
+        return 2
+    built = _resources("vlm", "mlflow_registry")
+    vlm, registry = built["vlm"], built["mlflow_registry"]
+    with embedded_ray_auth():
+        init_ray(address, {})  # only to ask for its GPUs: no code shipped
+        try:
+            engine = engine_name(vlm)
+            if engine != "transformers":
+                print(
+                    f"video-assets ray serve-config: VLM_ENGINE resolves to {engine} on this cluster; only the "
+                    "transformers engine is served by this product (docs/scale-out.md: vLLM behind ray.serve.llm "
+                    "is an endpoint, VLM_ENGINE=endpoint)",
+                    file=sys.stderr,
+                )
+                return 2
+            try:
+                model, pair, _ = resolve_caption_model(registry, vlm)
+            except Exception as exc:  # nothing registered, or the registry unreachable: its message says which
+                print(f"video-assets ray serve-config: {exc}", file=sys.stderr)
+                return 2
+            spec = job_spec(SamplingConfig(), vlm, engine, model, "")
+        finally:
+            ray.shutdown()
+    text = (
+        f"# Ray Serve config: the caption model {vlm.registered_model} version {pair.model_version} "
+        f"({vlm.alias}), written by `video-assets ray serve-config`.\n"
+        "# Deploy it unchanged (`serve deploy`, or a RayService's serveConfigV2): the steps use a running\n"
+        "# application of this name as it is; a config deploy replaces the applications it does not list.\n"
+        + json.dumps(serve_config(spec), indent=2)  # JSON is YAML: no YAML writer needed
+        + "\n"
+    )
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}: application {serve_config(spec)['applications'][0]['name']}")
+    else:
+        print(text, end="")
     return 0
 
 
@@ -659,9 +723,13 @@ def main(argv: list[str] | None = None) -> int:
     dem.add_argument("--all", action="store_true", help="rerun every batch, not only new ones")
     sub.add_parser("init", help="create the Dagster instance in DAGSTER_HOME (safe to run concurrently)")
     sub.add_parser("recover", help="mark failed the runs whose process was killed, freeing their slots")
-    ray_cmd = sub.add_parser("ray", help="this instance's long-lived local Ray: up, down or status")
-    ray_cmd.add_argument("action", choices=("up", "down", "status"))
+    ray_cmd = sub.add_parser(
+        "ray",
+        help="this instance's long-lived local Ray (up, down, status); serve-config: the caption model's Serve config",
+    )
+    ray_cmd.add_argument("action", choices=("up", "down", "status", "serve-config"))
     ray_cmd.add_argument("--num-cpus", type=int, default=None, help="logical CPUs (default: all)")
+    ray_cmd.add_argument("--output", "-o", default=None, help="serve-config: write the YAML here (default: stdout)")
     pred = sub.add_parser("predict", help="predict wall time for N hours of video from the last measured batch")
     pred.add_argument("--hours", type=float, required=True)
     pred.add_argument("--cpu-workers", type=int, default=2, help="parallel decode tasks")

@@ -21,13 +21,16 @@ import os
 import threading
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import ray
 
 from video_assets.core.captioning.batch import EngineSpec, JobSpec, build_engine, caption_batch, node_id
+from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.retries import VLM_BATCH_RETRIES
+from video_assets.core.media.sampling import SamplingConfig
 
 APP_PREFIX = "captioner-"
 DEPLOYMENT = "Captioner"
@@ -59,7 +62,17 @@ class CaptionerReplica:
     step. One generation at a time (a second would only share the same cores or GPU); ``stats`` answers
     while one runs."""
 
-    def __init__(self, engine: EngineSpec):
+    def __init__(self, engine: EngineSpec, app: str | None = None):
+        if app is not None:  # a config whose name and settings disagree would serve another model by that name
+            from ray import serve
+
+            running = serve.get_replica_context().app_name
+            if running != app:
+                raise RuntimeError(
+                    f"this caption application is named {running!r}, but its settings make it {app!r}: steps "
+                    "would take it for another model or code version. Write the Serve config again with "
+                    "`video-assets ray serve-config` and deploy it unchanged"
+                )
         started = time.perf_counter()
         self.engine = build_engine(engine)
         self.max_new_tokens = engine.max_new_tokens
@@ -143,18 +156,12 @@ def app_status(name: str) -> str | None:
     return None if app is None else str(getattr(app.status, "value", app.status))
 
 
-def deploy(spec: JobSpec) -> str:
-    """The name of ``spec``'s caption application, deployed unless it is (the first replica loads the
-    model before this returns). Replicas: 0 to ``spec.vlm_concurrency``, scaled to zero after
-    ``spec.warm_idle_s`` without requests. No handle here: requests go from Ray workers (``on_worker``,
-    ``ServedCaptionStage``)."""
+def _application(spec: JobSpec):
+    """``spec``'s caption application, bound and ready for ``serve.run`` or a Serve config's build: what
+    ``deploy`` runs and what ``build`` gives ``serve deploy``, so the two cannot differ. Replicas: 0 to
+    ``spec.vlm_concurrency``, scaled to zero after ``spec.warm_idle_s`` without requests."""
     from ray import serve
 
-    name = app_name(spec)
-    if app_status(name) in LIVE:
-        return name
-    start_serve()
-    retire_idle(keep=name)
     idle = max(1.0, float(spec.warm_idle_s))
     gpu = spec.vlm_num_gpus > 0
     actor = {
@@ -165,7 +172,7 @@ def deploy(spec: JobSpec) -> str:
         **({"num_gpus": spec.vlm_num_gpus} if gpu else {}),
         **({"resources": dict(spec.vlm_resources)} if spec.vlm_resources else {}),
     }
-    app = (
+    return (
         serve.deployment(CaptionerReplica)
         .options(
             name=DEPLOYMENT,
@@ -184,15 +191,73 @@ def deploy(spec: JobSpec) -> str:
             health_check_period_s=10.0,
             graceful_shutdown_timeout_s=5.0,
         )
-        .bind(spec.engine)
+        .bind(spec.engine, app_name(spec))
     )
+
+
+def deploy(spec: JobSpec) -> str:
+    """The name of ``spec``'s caption application, deployed unless it runs already (deployed by an earlier
+    step, or by a Serve config from ``serve_config``: the name says what it computes, so a running
+    application of that name is this model with these settings). The first replica loads the model before
+    this returns. No handle here: requests go from Ray workers (``on_worker``, ``ServedCaptionStage``)."""
+    from ray import serve
+
+    name = app_name(spec)
+    if app_status(name) in LIVE:
+        return name
+    start_serve()
+    retire_idle(keep=name)
     try:
-        serve.run(app, name=name, route_prefix=None)
+        serve.run(_application(spec), name=name, route_prefix=None)
         return name
     except Exception:
         if app_status(name) in LIVE:  # another step deployed it meanwhile
             return name
         raise
+
+
+BUILDER = f"{__name__}:build"  # a Serve config's import_path
+
+
+def spec_args(spec: JobSpec) -> dict:
+    """What of ``spec`` its served application depends on, as plain data (a Serve config's ``args``)."""
+    return {
+        "engine": asdict(spec.engine),
+        "num_gpus": spec.vlm_num_gpus,
+        "resources": dict(spec.vlm_resources),
+        "max_replicas": spec.vlm_concurrency,
+        "idle_s": spec.warm_idle_s,
+    }
+
+
+def build(args: dict):
+    """The application builder a Serve config names (``import_path: ...captioner:build``): ``spec_args``
+    back into the bound application, so ``serve deploy`` (or a KubeRay RayService) runs exactly what the
+    steps would deploy themselves."""
+    engine = dict(args["engine"])
+    engine["model"] = ModelFiles(**engine["model"])
+    spec = JobSpec(
+        sampling=SamplingConfig(),
+        engine=EngineSpec(**engine),
+        prompt="",
+        vlm_concurrency=int(args.get("max_replicas", 1)),
+        vlm_num_gpus=float(args.get("num_gpus", 0.0)),
+        vlm_resources=dict(args.get("resources") or {}),
+        warm_idle_s=float(args.get("idle_s", 300.0)),
+    )
+    return _application(spec)
+
+
+def serve_config(spec: JobSpec) -> dict:
+    """A Serve config file (``serve deploy`` / ``serve run`` / a RayService's ``serveConfigV2``) holding
+    ``spec``'s caption application under the name the steps look for: a step that finds it running uses
+    it as it is instead of deploying its own. No HTTP route (handles only)."""
+    return {
+        "proxy_location": "Disabled",
+        "applications": [
+            {"name": app_name(spec), "route_prefix": None, "import_path": BUILDER, "args": spec_args(spec)}
+        ],
+    }
 
 
 def retire_idle(keep: str) -> list[str]:
