@@ -14,6 +14,7 @@ from dagster import materialize
 from dagster_ray.configs import Lifecycle
 
 from resources import ray_service
+from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
 from resources.ray_service import local_ray_address, ray_init_options, ray_outlives_steps
@@ -21,10 +22,15 @@ from resources.settings import embedded_ray_auth
 from resources.structurer import StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
 from tests.fixtures.batches import caption_new_batch, structure_batch
+from video_assets.cli import _caption_model_chat
+from video_assets.core.qa.agent import PLAN_SCHEMA
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.engines import TransformersStructurer
+from video_assets.defs.captioning.assets import captions
 from video_assets.defs.engines import structure_rows
 from video_assets.defs.models.assets import caption_prompt, vlm_model
+from video_assets.defs.structuring.assets import structured_events
+from video_assets.defs.summaries.assets import video_summaries
 
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
 
@@ -54,7 +60,9 @@ def _replicas(address) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, volume_dir, tiny_model_cache, tmp_path):
+def test_steps_join_the_service_and_reuse_its_warm_engine(
+    instance, resources, volume_dir, tiny_model_cache, tmp_path, monkeypatch
+):
     assert ray_service.service_address() is None and not ray_outlives_steps()
     up = _cli("ray", "up", "--num-cpus", "2")
     assert up.returncode == 0, up.stderr
@@ -133,6 +141,37 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(instance, resources, v
         )
         got = events.sort("video_id").select("status", "verdict", "raw_output").to_dicts()
         assert got == [{k: r[k] for k in ("status", "verdict", "raw_output")} for r in local]
+
+        # Summaries with the caption model as their LLM (LLM_BASE_URL=captioner): the same replica answers
+        # the chat turns, no other load; a summary per video, named after the application.
+        res["llm"] = LlmSettings(base_url="captioner")
+        result = materialize(
+            [video_summaries, captions, structured_events, vlm_model, caption_prompt],
+            selection=[video_summaries],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+        )
+        meta = result.asset_materializations_for_node("video_summaries")[0].metadata
+        assert meta["summarizer"].value == f"llm:{engine['app']}" and meta["videos_summarized"].value == 2
+        [after] = _replicas(address)
+        assert (after["pid"], after["loads"]) == (engine["pid"], 1) and after["chat_calls"] >= 2
+        summaries = pl.read_delta(res["tables"].table_uri("video_summaries")).filter(pl.col("batch_key") == key)
+        assert summaries.height == 2 and (summaries["summarizer"] == f"llm:{engine['app']}").all()
+
+        # The ask box's LLM (`video-assets serve` with LLM_BASE_URL=captioner): the production version on the
+        # same replica, joined from outside a step; a plan constrained to its JSON schema, then prose.
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        ray.shutdown()  # this process joins as the service process would
+        with embedded_ray_auth():  # restores this process's Ray settings, which the service keeps for its life
+            chat = _caption_model_chat(res["mlflow_registry"], 30.0)
+            asked = chat.chat([{"role": "user", "content": "Who took a phone?"}], json_schema=PLAN_SCHEMA)
+            answer = chat.chat([{"role": "user", "content": "Hi"}])
+            ray.shutdown()
+        assert set(json.loads(asked)) <= set(PLAN_SCHEMA["properties"]) and isinstance(answer, str)
+        [after] = _replicas(address)
+        assert (after["pid"], after["loads"]) == (engine["pid"], 1) and after["chat_calls"] >= 4
     finally:
         # The in-process steps left this process a driver of the service's Ray (a run's own process exits
         # instead): disconnect first, or Ray ends this process once the service's GCS is gone.

@@ -8,11 +8,14 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
+import ray
 from dagster import AssetMaterialization, materialize
+from dagster_ray.configs import Lifecycle
 
 from resources.archive import SPEECH, ArchiveSettings
 from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
+from resources.ray_cluster import EmbeddedRay
 from resources.vlm import VlmSettings
 from tests.fixtures.openai_stub import stub_server
 from tests.fixtures.processes import free_port
@@ -80,6 +83,7 @@ def setup(instance, resources, tmp_path):
     files = tmp_path / "model-files"
     files.mkdir()
     (files / "weights.txt").write_text("only the version is resolved by this asset\n")
+    (files / "config.json").write_text("{}")  # a model folder (LLM_BASE_URL=captioner opens its files)
     for name in (vlm.registered_model, archive.registered_model(SPEECH)):
         registry.register_model_folder(files, name, "production", "test", name, flavor="files")
     registry.register_prompt(CAPTION_PROMPT_NAME, "Describe the clip.", alias="production")
@@ -92,7 +96,16 @@ def setup(instance, resources, tmp_path):
     pair = {"model_version": "1", "prompt_version": 1}
     for asset, meta in (("captions", pair), ("transcripts", {"model_version": "1"}), ("structured_events", pair)):
         instance.report_runless_asset_event(AssetMaterialization(asset, partition=BATCH, metadata=meta))
-    return {**resources, "mlflow_registry": registry, "vlm": vlm, "archive": archive, "llm": LlmSettings()}
+    # Ray only if the caption model's served application is asked for (LLM_BASE_URL=captioner).
+    ray_on_demand = EmbeddedRay(lifecycle=Lifecycle(connect=False))
+    return {
+        **resources,
+        "mlflow_registry": registry,
+        "vlm": vlm,
+        "archive": archive,
+        "llm": LlmSettings(),
+        "ray_on_demand": ray_on_demand,
+    }
 
 
 def _run(instance, res, ok: bool = True):
@@ -114,7 +127,7 @@ def _summaries(res) -> pl.DataFrame:
     return pl.read_delta(res["tables"].table_uri(VIDEO_SUMMARIES)).sort("summarizer", "uri")
 
 
-def test_video_summaries_extractive_idempotent_then_by_an_llm(instance, setup, tmp_path):
+def test_video_summaries_extractive_idempotent_then_by_an_llm(instance, setup, tmp_path, monkeypatch):
     res, tables = setup, setup["tables"]
     first = _run(instance, res)
     out = _summaries(res)
@@ -167,6 +180,14 @@ def test_video_summaries_extractive_idempotent_then_by_an_llm(instance, setup, t
     failed = _run(instance, {**res, "llm": dead}, ok=False)
     failures = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failures and "LLM_BASE_URL" in failures[0].event_specific_data.error.message
+
+    # The caption model as the LLM needs its served application, so a Ray that outlives the steps: without
+    # one the step fails at once, saying what to start, and starts no Ray of its own.
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    failed = _run(instance, {**res, "llm": LlmSettings(base_url="captioner")}, ok=False)
+    failures = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = failures[0].event_specific_data.error.message
+    assert "LLM_BASE_URL=captioner" in message and "video-assets ray up" in message and not ray.is_initialized()
 
 
 def test_the_llm_resource_reads_llm_settings_from_the_environment(monkeypatch):

@@ -630,6 +630,28 @@ def serve_config_command(args) -> int:
     return 0
 
 
+def _caption_model_chat(registry, timeout_s: float):
+    """The ask box's LLM when it is the caption model (LLM_BASE_URL=captioner): the production version's
+    endpoint, or its Ray Serve application on the Ray the steps join, which this process joins for its
+    lifetime (as a step would, with this instance's token for `ray up`'s Ray)."""
+    import contextlib
+
+    from resources.ray_cluster import init_ray
+    from resources.ray_service import cluster_address, local_ray_address
+    from resources.settings import embedded_ray_auth
+    from video_assets.defs.engines import caption_model_chat, registered_model_files
+
+    vlm = _resources("vlm")["vlm"]
+    _, version = registered_model_files(registry, vlm, vlm.alias)
+    auth = contextlib.ExitStack()  # kept open: the connection lives as long as the service
+
+    def connect():
+        auth.enter_context(embedded_ray_auth())
+        init_ray(cluster_address() or local_ray_address(), {})
+
+    return caption_model_chat(vlm, registry, version, connect, timeout_s)
+
+
 def _review_token() -> str:
     """This instance's reviewer token, created once (0600) under DAGSTER_HOME."""
     from resources.settings import ensure_secret_file, review_token_path
@@ -669,8 +691,15 @@ def serve_command(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # The ask box's LLM (LLM_BASE_URL); none configured: deterministic plans and extractive answers.
-    llm = res["llm"].client()
-    print(f"search index {index.uri}; LLM {llm.base_url if llm else 'none (extractive answers)'}")
+    if res["llm"].uses_captioner:
+        try:
+            llm = _caption_model_chat(registry, res["llm"].timeout_s)
+        except Exception as exc:  # no Ray that outlives the steps, nothing registered: the message says which
+            print(f"error: LLM_BASE_URL=captioner: {exc}", file=sys.stderr)
+            return 2
+    else:
+        llm = res["llm"].client()
+    print(f"search index {index.uri}; LLM {getattr(llm, 'base_url', llm) if llm else 'none (extractive answers)'}")
     print(f"serving on http://{args.host}:{args.port}/ (review page: /review; its token: video-assets review-token)")
     token = _review_token()
     app = create_app(searcher, tables=res["tables"], volume=res["volume"], llm=llm, review_token=token)

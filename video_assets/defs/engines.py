@@ -24,7 +24,8 @@ from video_assets.core.inference.retries import NO_RESULT
 from video_assets.core.inference.service_runner import on_cluster
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
-from video_assets.core.serving.captioner import engine_service
+from video_assets.core.qa.llm import LlmClient
+from video_assets.core.serving.captioner import ServedChat, engine_service
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
 from video_assets.core.structuring.versions import StructuringPlan
@@ -136,6 +137,31 @@ def warm_engine_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
     outlives the steps)."""
     spec = job_spec(SamplingConfig(), vlm, "transformers", model, "")
     return spec if spec.warm_idle_s > 0 else None
+
+
+def caption_model_chat(
+    vlm: VlmSettings, registry: MlflowRegistry, model_version: str, connect_ray, timeout_s: float = 30.0
+):
+    """A chat client (``LlmClient``'s interface) on caption model ``model_version`` (``LLM_BASE_URL=captioner``):
+    its endpoint when the version is one, else its Ray Serve application, shared with captions and
+    structuring. ``connect_ray()`` joins the Ray that outlives the steps; a Failure naming the settings
+    when there is none (a model loaded in the step for a few summaries would cost more than it saves)."""
+    files = model_files_of(registry, vlm, model_version)
+    if (served := registered_endpoint(files.path)) is not None:
+        endpoint = vlm.endpoint(served)
+        return LlmClient(endpoint["url"], endpoint["model"], endpoint["api_key"], timeout_s)
+    if not ray_outlives_steps():
+        raise Failure(
+            "LLM_BASE_URL=captioner asks the caption model's served application, which needs a Ray that outlives "
+            "the steps: run `video-assets ray up` (or `make ui`), or set RAY_ADDRESS; or set LLM_BASE_URL to an "
+            "OpenAI-compatible endpoint, or unset it (extractive summaries)",
+            allow_retries=False,
+        )
+    connect_ray()
+    spec = warm_engine_spec(vlm, files)
+    if spec is None:  # unreachable while ray_outlives_steps() holds
+        raise Failure("the caption model is not served on this Ray", allow_retries=False)
+    return ServedChat(spec)
 
 
 def run_captioning(

@@ -78,7 +78,14 @@ class CaptionerReplica:
         self.max_new_tokens = engine.max_new_tokens
         self.node = node_id()
         self.replica = uuid.uuid4().hex  # which replica answered: a pid can come back for another one
-        self.counts = {"loads": 1, "caption_batches": 0, "captioned": 0, "structure_calls": 0, "structured": 0}
+        self.counts = {
+            "loads": 1,
+            "caption_batches": 0,
+            "captioned": 0,
+            "structure_calls": 0,
+            "structured": 0,
+            "chat_calls": 0,
+        }
         self.load_s = time.perf_counter() - started
         self.busy = 0
         self._structurer = None  # built on the first structuring request, on the same loaded model
@@ -114,6 +121,28 @@ class CaptionerReplica:
             self._structurer = TransformersStructurer(loaded=self.engine.loaded)
         self._structurer.batch_size = max(1, int(batch_size))
         return self._structurer.generate(requests)
+
+    async def chat(self, messages: list[dict], json_schema: dict | None, max_tokens: int) -> str:
+        """A text-only chat turn on the loaded model (summaries, ask): greedy; with ``json_schema``, decoding
+        constrained to it as structuring's is."""
+        self.counts["chat_calls"] += 1
+        return await self._run(self._chat, messages, json_schema, max_tokens)
+
+    def _chat(self, messages: list[dict], json_schema: dict | None, max_tokens: int) -> str:
+        from video_assets.core.inference import hf
+
+        if json_schema is not None:
+            from video_assets.core.structuring.policy import StructureRequest
+
+            [reply] = self._structure([StructureRequest("chat", messages, json_schema, max_tokens)], 1)
+            if reply.error:
+                raise RuntimeError(reply.error)
+            return reply.text
+        loaded = self.engine.loaded
+        text = loaded.chat.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        enc = loaded.tokenizer([text], return_tensors="pt", add_special_tokens=False).to(loaded.device)
+        [ids] = hf.greedy(loaded, enc, max_tokens)
+        return hf.completion(loaded, ids, max_tokens)[0]
 
     async def stats(self) -> dict:
         return {
@@ -352,6 +381,28 @@ class ServedStructurer:
 
     def generate(self, requests: list) -> list:
         return on_worker(self.app, "structure", requests, self.batch_size)
+
+
+CHAT_MAX_TOKENS = 512  # a chat turn's cap when the caller gives none (a summary of a video part)
+
+
+class ServedChat:
+    """The chat client of summaries (and ``LlmClient``'s interface: ``check``, ``model``, ``chat``) on the
+    caption application of ``spec``, deployed if it is not: the caption model answers, loaded once for
+    captions, structuring and summaries alike. Requests go from Ray workers (``on_worker``)."""
+
+    def __init__(self, spec: JobSpec):
+        self.app = deploy(spec)
+        self.model = self.app  # what the summaries' ``summarizer`` names: this model, these settings, this code
+
+    def __repr__(self) -> str:
+        return f"ServedChat(app={self.app!r})"
+
+    def check(self) -> str:
+        return self.model
+
+    def chat(self, messages: list[dict], json_schema: dict | None = None, max_tokens: int | None = None) -> str:
+        return on_worker(self.app, "chat", messages, json_schema, int(max_tokens or CHAT_MAX_TOKENS))
 
 
 def engine_service(spec: JobSpec) -> dict:

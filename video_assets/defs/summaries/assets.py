@@ -1,22 +1,27 @@
 """Summaries stage asset: one summary per video of a batch, from its captions (production model and
 prompt), its transcript (speech model behind the alias) and its parsed events, merged in time order into
 ``[mm:ss]`` lines. Extractive without an LLM; map-reduce by the OpenAI-compatible LLM (``LLM_BASE_URL``)
-with one. Idempotent: a video whose input rows (and summarizer) are unchanged is not summarised again."""
+with one, or by the caption model itself (``LLM_BASE_URL=captioner``: the version that made the captions,
+on its served application). Idempotent: a video whose input rows (and summarizer) are unchanged is not summarised again."""
 
 import hashlib
 from datetime import UTC, datetime
 
 import polars as pl
 from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue
+from dagster_ray import RayResource
 from pydantic import Field
 
 from resources.delta import DeltaTables
 from resources.llm import LlmSettings
+from resources.mlflow_registry import MlflowRegistry
+from resources.vlm import VlmSettings
 from video_assets.core.qa import summaries as summ
 from video_assets.core.qa.llm import LlmUnavailable
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS, TRANSCRIPTS, VIDEO_SUMMARIES, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.defs.common import batch_asset, table_metadata
+from video_assets.defs.engines import caption_model_chat
 from video_assets.defs.lineage import (
     answered_events,
     lineage_captions,
@@ -26,6 +31,11 @@ from video_assets.defs.lineage import (
 )
 
 EXTRACTIVE = "extractive"
+
+
+def _connect(context, ray: RayResource) -> None:
+    if not ray.connected:
+        ray.connect(context)
 
 
 class SummariesConfig(Config):
@@ -41,6 +51,9 @@ def video_summaries(
     config: SummariesConfig,
     llm: LlmSettings,
     tables: DeltaTables,
+    vlm: VlmSettings,
+    mlflow_registry: MlflowRegistry,
+    ray_on_demand: RayResource,
 ) -> MaterializeResult:
     """What happens in each video of the batch, with ``[mm:ss]`` times: every event, and captions and
     speech spread over the video (extractive), or an LLM's map-reduce summary of the whole timeline.
@@ -55,7 +68,10 @@ def video_summaries(
     structured = upstream_metadata(context, STRUCTURED_EVENTS, batch) is not None
     events = answered_events(tables, batch, upstream_pair(context, batch, STRUCTURED_EVENTS) if structured else pair)
 
-    client = llm.client()
+    if llm.uses_captioner:  # the model that made these captions, where it is served: loaded once for all stages
+        client = caption_model_chat(vlm, mlflow_registry, pair.model_version, lambda: _connect(context, ray_on_demand))
+    else:
+        client = llm.client()
     summarizer = EXTRACTIVE
     if client is not None:
         try:
