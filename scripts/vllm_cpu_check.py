@@ -14,6 +14,9 @@ CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), 
    ok with non-empty text, and the model placed on the node by the same code a cluster runs;
 3. ``structured_events``: JSON-schema structured outputs for the object_handling use case; every caption
    gets a row that is parsed, retried or unparsed with a raw output;
+3b. the model on a node without the step's folder: the captions job with the registered model to fetch,
+   not a path every node has; each real stage actor fetches it on its node as it starts (the engine all of
+   it, the CPU stages its small files), as on a cluster node that joined after the step started;
 4. a poison batch: ``captions`` again (``recaption``) with a fatal engine error injected into every request
    (``EngineDeadError``, on which Ray's stage exits its actor): the engine is started again, each batch is
    tried a bounded number of times, the job finishes, and every segment is an error row saying why.
@@ -258,9 +261,47 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
                 r["status"] in ("parsed", "retried", "unparsed"), f"structuring status {r['status']}: {r.get('error')}"
             )
             check(bool(r["raw_output"]), f"no raw output: {r}")
+        times["node_cache_s"] = caption_from_node_caches(res, work, num_cpus)
         # Last: it replaces the captions with error rows.
         times["poison_s"], poisoned = poison_batch(instance, res, key, work)
     return {"times": times, "captions": caps.to_dicts(), "structured": events.to_dicts(), "poisoned": poisoned}
+
+
+def caption_from_node_caches(res: dict, work: Path, num_cpus: int) -> float:
+    """The vLLM job with the step's model folder on no node (a cluster without a shared filesystem, or a node
+    that joined after the step started): each stage fetches the registered model on its own node as it
+    starts, the engine all of it, Ray's CPU stages only its small files. Real vLLM stage actors, one node
+    here, so all land in one node cache. Returns the job's seconds."""
+    from dataclasses import replace
+
+    import polars as pl
+    import ray
+
+    from video_assets.core.captioning.job import caption_rows
+    from video_assets.core.inference.model_cache import COMPLETE, node_cache_path
+    from video_assets.core.media.sampling import SamplingConfig
+    from video_assets.defs.engines import job_spec, resolve_caption_model
+
+    model, _, prompt = resolve_caption_model(res["mlflow_registry"], res["vlm"])
+    files = replace(model, path=str(work / "not-on-any-node"), cache_dir=str(work / "node-cache"))
+    spec = job_spec(SamplingConfig(max_frames=8, min_frames=4), res["vlm"], "vllm", files, prompt.template)
+    videos = (
+        pl.read_delta(str(work / "tables" / "video_metadata"))
+        .filter(pl.col("uri").str.ends_with(CLIPS[0]))
+        .select("video_id", "batch_key", "uri", "duration_s", "rotation")
+        .to_dicts()
+    )
+    t0 = time.perf_counter()
+    ray.init(num_cpus=num_cpus, include_dashboard=False)
+    try:
+        rows = list(caption_rows(videos, spec))
+    finally:
+        ray.shutdown()
+    check(rows and all(r["status"] == "ok" and r["prose"] for r in rows), f"node-cache captions: {rows}")
+    cached = node_cache_path(files.artifact_uri, files.cache_dir)
+    check((cached / COMPLETE).exists(), f"the engine did not fetch the whole model into {cached}")
+    check(bool(list(cached.rglob("*.safetensors"))), f"no weights in {cached}")
+    return time.perf_counter() - t0
 
 
 def poison_batch(instance, res: dict, key: str, work: Path) -> tuple[float, list[dict]]:

@@ -128,3 +128,39 @@ def test_a_node_that_cannot_read_the_embedded_store_says_which_setting_to_change
     assert machine_local("/srv/mlartifacts/1") and machine_local("file:///srv/a") and machine_local(None)
     assert not machine_local("s3://bucket/a") and not machine_local("mlflow-artifacts:/1/a")
     assert not machine_local("http://mlflow:5000")
+
+
+def test_a_stage_fetches_only_what_it_opens_and_an_engine_adds_the_weights(tiny_model_cache, tmp_path):
+    """``fetch_on_node``: a CPU stage (tokenizer, chat template, processor) gets the registered model's small
+    files, checked against the manifest, and no weights; an engine on the same node adds the weights to the
+    same folder; a changed small file is refused as a changed weight would be."""
+    from video_assets.core.inference.model_cache import (
+        COMPLETE,
+        LIGHT,
+        ModelFiles,
+        ModelFilesChanged,
+        fetch_on_node,
+        node_cache_path,
+    )
+
+    reg = MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art"))
+    reg.register_model_folder(tiny_model_cache / TINY_MODEL_SOURCE, "captioner", "production", "tiny", "fp-1")
+    version = reg.resolve_alias("captioner", "production")
+    files = ModelFiles(
+        "/not/on/this/node", version.source, str(tmp_path / "cache"), reg.tracking_uri, version.tags["files_sha256"]
+    )
+    root = node_cache_path(version.source, files.cache_dir)
+
+    light = Path(fetch_on_node(files, weights=False))
+    names = {p.name for p in light.rglob("*") if p.is_file()}
+    assert {"config.json", "tokenizer.json", "processor_config.json"} <= names
+    assert not [n for n in names if n.endswith(".safetensors")] and (root / LIGHT).exists()
+    assert not (root / COMPLETE).exists()
+
+    full = Path(fetch_on_node(files, weights=True))
+    assert full == light and (full / "model.safetensors").exists() and (root / COMPLETE).exists()
+    assert fetch_on_node(files, weights=False) == str(full)  # a node with the whole model has the small files
+
+    _flip_one_byte(full / "tokenizer.json")
+    with pytest.raises(ModelFilesChanged, match="tokenizer.json"):
+        fetch_on_node(files, weights=False)

@@ -8,6 +8,7 @@ Every process the test starts is stopped by PID."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -218,7 +219,8 @@ def test_code_is_shipped_by_the_runtime_env(two_node_cluster, monkeypatch):
 @pytest.mark.slow
 def test_the_model_is_placed_on_every_node(two_node_cluster, tiny_model_cache, tmp_path, monkeypatch):
     """vLLM and Ray's CPU stages open the model by path wherever Ray puts them: the step's folder when
-    every node sees it, else one node-local download per node at the same path (a task per node)."""
+    every node sees it, else the node cache path, the same on every node, whose small files the step
+    fetches here to learn the layout (the stages fetch the rest on their nodes: the test below)."""
     import ray
 
     from resources.vlm import TINY_MODEL_SOURCE
@@ -234,18 +236,142 @@ def test_the_model_is_placed_on_every_node(two_node_cluster, tiny_model_cache, t
     try:
         here = str(tiny_model_cache / TINY_MODEL_SOURCE)
         shared = place_on_every_node(ModelFiles(here, uri, str(tmp_path / "cache"), reg.tracking_uri))
-        assert shared.path == here and shared.nodes == dict.fromkeys(nodes, "present")
+        assert shared.path == here and not shared.per_node and shared.nodes == dict.fromkeys(nodes, "present")
 
-        # The step's folder is on no node: each node fetches the artifact into the same node-local path.
-        # Both nodes share this machine's disk, so one downloads and the other finds it done (the lock).
         placed = place_on_every_node(ModelFiles("/nonexistent/model", uri, str(tmp_path / "cache"), reg.tracking_uri))
-        assert placed.path.startswith(str(node_cache_path(uri, str(tmp_path / "cache"))))
-        assert (Path(placed.path) / "config.json").exists()
-        assert set(placed.nodes) == nodes and sorted(placed.nodes.values()) == ["downloaded", "present"]
+        assert placed.per_node and placed.path.startswith(str(node_cache_path(uri, str(tmp_path / "cache"))))
+        assert (Path(placed.path) / "config.json").exists() and not list(Path(placed.path).rglob("*.safetensors"))
 
         with pytest.raises(FileNotFoundError, match="not on every Ray node and no artifact URI"):
             place_on_every_node(ModelFiles("/nonexistent/model"))
     finally:
+        ray.shutdown()
+
+
+class _OpensTheModel:
+    """Stands for Ray Data LLM's stage actors (the vLLM engine, the chat-template stage): opens the model by
+    path in its constructor, on whatever node Ray starts it."""
+
+    def __init__(self, path: str):
+        import ray
+
+        if not (Path(path) / "config.json").exists():
+            raise FileNotFoundError(f"{path}: no model on this node")
+        self.names = sorted(p.name for p in Path(path).rglob("*") if p.is_file())
+        self.node = ray.get_runtime_context().get_node_id()
+
+    def __call__(self, batch):
+        n = len(batch["id"])
+        return {"node": [self.node] * n, "names": [json.dumps(self.names)] * n}
+
+
+def _private_mounts() -> bool:
+    """Whether this machine lets a process have mounts of its own (a node with a disk of its own)."""
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_node_that_joins_after_the_step_started_fetches_the_model_for_its_engine(
+    two_node_cluster, tiny_model_cache, tmp_path, monkeypatch
+):
+    """The step places the model (its small files, in the node cache path), starts an engine stage that only
+    a node not yet in the cluster can take, and that node joins: with a disk of its own (a private mount of
+    the cache folder), its engine actor fetches the whole model itself before opening it. No node but
+    the one running the engine holds the weights."""
+    import threading
+
+    import ray
+
+    from resources.vlm import TINY_MODEL_SOURCE
+    from video_assets.core.inference.model_cache import ModelFiles, on_node_model, place_on_every_node
+
+    if not _private_mounts():
+        if os.environ.get("CI"):
+            pytest.fail("`unshare --mount` is refused here: the late node cannot have a disk of its own")
+        pytest.skip("`unshare --mount` is refused here: the late node cannot have a disk of its own")
+    address, temp_dir, _ = two_node_cluster
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    reg = MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art"))
+    reg.register_model_folder(tiny_model_cache / TINY_MODEL_SOURCE, "captioner", "production", "tiny", "fp-1")
+    version = reg.resolve_alias("captioner", "production")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    files = ModelFiles("/nonexistent/model", version.source, str(cache), reg.tracking_uri, version.tags["files_sha256"])
+
+    late = None
+    ray.init(**ray_init_options())
+    try:
+        placed = place_on_every_node(files)
+        assert placed.per_node
+        ds = ray.data.range(2, override_num_blocks=1).map_batches(
+            on_node_model(_OpensTheModel, files, weights=True),
+            fn_constructor_kwargs={"path": placed.path},
+            compute=ray.data.ActorPoolStrategy(size=1),
+            num_cpus=1,
+            resources={"late_node": 1},  # only the node that joins later has it
+        )
+        rows, errors = [], []
+
+        def run():
+            try:
+                rows.extend(ds.take_all())
+            except Exception as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+
+        job = threading.Thread(target=run, daemon=True)
+        job.start()
+        time.sleep(5)  # the job is running, its engine stage waiting for a node
+        assert job.is_alive() and not rows
+        clean = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": os.environ.get("HOME", "/tmp"),
+            **{k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH") if k in os.environ},
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        start = [
+            RAY,
+            "start",
+            f"--address={address}",
+            "--num-cpus=1",
+            "--resources",
+            json.dumps({"late_node": 1}),
+            "--node-ip-address=127.0.0.1",
+            "--disable-usage-stats",
+            "--block",
+        ]
+        # Its own disk for the cache folder: an empty tmpfs over it, seen only by this node's processes.
+        script = f"mount -t tmpfs tmpfs {cache} && exec {' '.join(repr(a) for a in start)}"
+        late = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            env=clean,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        job.join(timeout=240)
+        assert not errors, errors
+        assert len(rows) == 2
+        late_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"] and "late_node" in n["Resources"]}
+        assert {r["node"] for r in rows} == late_ids and len(late_ids) == 1
+        assert "model.safetensors" in json.loads(rows[0]["names"])  # fetched there, whole
+        # The step's node (the shared disk) has the small files only: no weights where no engine ran.
+        assert not list(cache.rglob("*.safetensors")) and list(cache.rglob("config.json"))
+    finally:
+        if late is not None:  # the late node's session (ray start --block, its raylet and workers) stops, and
+            # the cluster sees it gone before the next test places anything on "every alive node"
+            os.killpg(late.pid, signal.SIGTERM)
+            try:
+                late.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(late.pid, signal.SIGKILL)
+                late.wait(timeout=30)
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and any(
+                n["Alive"] and "late_node" in n["Resources"] for n in ray.nodes()
+            ):
+                time.sleep(1)
         ray.shutdown()
 
 

@@ -189,9 +189,14 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
         from video_assets.core.captioning.vllm_engine import build_vllm_processor_for_job
         from video_assets.core.inference.model_cache import place_on_every_node
 
-        # vLLM and Ray's CPU stages open the model by path on whichever node Ray puts them.
-        model = place_on_every_node(spec.engine.model).path
-        ds = build_vllm_processor_for_job(ds, replace(spec, vllm={**spec.vllm, "model_source": model}))
+        # vLLM and Ray's CPU stages open the model by path on whichever node Ray puts them: the step's folder
+        # on every node, or a node cache each stage fills on its own node as it starts (later nodes too).
+        placed = place_on_every_node(spec.engine.model)
+        ds = build_vllm_processor_for_job(
+            ds,
+            replace(spec, vllm={**spec.vllm, "model_source": placed.path}),
+            fetch=spec.engine.model if placed.per_node else None,
+        )
     elif spec.engine.name == "endpoint":
         from video_assets.core.captioning.endpoint_engine import build_endpoint_processor_for_job
 

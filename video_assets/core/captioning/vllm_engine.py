@@ -36,6 +36,7 @@ from video_assets.core.inference.vllm import (
     ERROR_KEY,
     VllmSettings,
     bounded_engine_retries,
+    fetch_model_on_nodes,
     processor_config,
     read_output,
     sampling_params,
@@ -121,8 +122,11 @@ def _postprocess(row: dict[str, Any]) -> dict[str, Any]:
     return asdict(from_vllm_row(row))
 
 
-def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=None, segment_mb: float | None = None):
+def build_vllm_processor(
+    settings: VllmSettings, preprocess=None, postprocess=None, segment_mb: float | None = None, fetch=None
+):
     """``ray.data.llm.build_processor`` over ``CaptionRequest`` rows (dicts of its fields) by default.
+    ``fetch``: the registered model's files, fetched by each stage on its node (``vllm.fetch_model_on_nodes``).
 
     Calling this initialises Ray and reads the model's config (Ray's telemetry); the returned
     processor only starts vLLM when the dataset it is applied to executes.
@@ -145,7 +149,8 @@ def build_vllm_processor(settings: VllmSettings, preprocess=None, postprocess=No
         preprocess=preprocess or _pre,
         postprocess=postprocess or _postprocess,
     )
-    return bounded_engine_retries(processor)
+    processor = bounded_engine_retries(processor)
+    return fetch_model_on_nodes(processor, fetch) if fetch is not None else processor
 
 
 # -- the captioning job's vLLM stage (see video_assets.captioning.caption_rows) -----------------------
@@ -160,8 +165,9 @@ def _job_result(row: dict[str, Any]) -> dict[str, Any]:
     return result_row(row, resp.text, resp.input_tokens, resp.output_tokens, resp.latency_s, resp.error)
 
 
-def build_vllm_processor_for_job(ds, spec):
-    """Apply the vLLM processor to the job's segment rows (video_id, segment, frames, frame_timestamps, ...)."""
+def build_vllm_processor_for_job(ds, spec, fetch=None):
+    """Apply the vLLM processor to the job's segment rows (video_id, segment, frames, frame_timestamps, ...).
+    ``fetch``: as ``build_vllm_processor``'s."""
 
     settings = VllmSettings(**spec.vllm)
 
@@ -180,6 +186,8 @@ def build_vllm_processor_for_job(ds, spec):
 
     # A segment's frames as Ray's multimodal stage hands them to the engine: decoded, up to the plan's cap.
     segment_mb = spec.sampling.max_frames * spec.sampling.max_pixels * 3 / 1e6
-    processor = build_vllm_processor(settings, preprocess=_pre, postprocess=_job_result, segment_mb=segment_mb)
+    processor = build_vllm_processor(
+        settings, preprocess=_pre, postprocess=_job_result, segment_mb=segment_mb, fetch=fetch
+    )
     # Ray's error rows bypass the postprocess; shape them too.
     return processor(ds).map(_job_result)

@@ -15,6 +15,10 @@ COMPLETE = ".complete"  # written last: a folder without it is a download that d
 # Logged with every registered model: {relative path: sha256} of each file. The registry's version tag
 # ``files_sha256`` is the sha256 of this file, so the list itself cannot be swapped with the files.
 MANIFEST = "SHA256SUMS.json"
+# Written instead of COMPLETE by a fetch without weights (``fetch_on_node(weights=False)``): a stage that
+# only reads the config, tokenizer and processor files; an engine on the node fetches the rest.
+LIGHT = ".light"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx")
 _READ = 1 << 20
 
 
@@ -32,7 +36,7 @@ def file_sha256(path: Path) -> str:
 
 def _model_files(folder: Path) -> dict[str, Path]:
     """A model folder's files by their path relative to it (the manifest and the download marker aside)."""
-    files = (p for p in Path(folder).rglob("*") if p.is_file() and p.name not in (MANIFEST, COMPLETE))
+    files = (p for p in Path(folder).rglob("*") if p.is_file() and p.name not in (MANIFEST, COMPLETE, LIGHT))
     return {p.relative_to(folder).as_posix(): p for p in sorted(files)}
 
 
@@ -42,10 +46,16 @@ def manifest_bytes(folder: Path) -> bytes:
     return json.dumps(digests, indent=1, sort_keys=True).encode()
 
 
-def verify_files(folder: Path, files_sha256: str | None, what: str = "") -> None:
+def is_weight(rel: str) -> bool:
+    """Whether a model file is weights (what only a node running the engine needs)."""
+    return rel.lower().endswith(WEIGHT_SUFFIXES)
+
+
+def verify_files(folder: Path, files_sha256: str | None, what: str = "", light: bool = False) -> None:
     """Check a downloaded model against its registered manifest (``files_sha256``: the manifest's own
-    sha256, from the registry): every listed file present with its digest, and no other file. None (a
-    version registered before manifests) checks nothing. Raises ``ModelFilesChanged`` naming the file."""
+    sha256, from the registry): every listed file present with its digest, and no other file (``light``:
+    a copy without its weights, ``fetch_on_node``, need not hold the weight files). None (a version
+    registered before manifests) checks nothing. Raises ``ModelFilesChanged`` naming the file."""
     if files_sha256 is None:
         return
     folder = Path(folder)
@@ -61,6 +71,8 @@ def verify_files(folder: Path, files_sha256: str | None, what: str = "") -> None
         raise ModelFilesChanged(f"{root / extra[0]}: not a file of the registered model ({len(extra)} such files)")
     for rel, want in expected.items():
         path = root / rel
+        if light and is_weight(rel) and not path.exists():
+            continue
         got = file_sha256(path) if path.is_file() else "missing"
         if got != want:
             raise ModelFilesChanged(
@@ -195,52 +207,135 @@ class Placement:
     """Where an engine that opens the model by path on any node can find it."""
 
     path: str  # the same on every node
-    nodes: dict[str, str] = field(default_factory=dict)  # Ray node id -> "present" | "downloaded"
+    # True: the path is a node-local cache each stage's actor fills on its own node as it starts
+    # (``fetch_in_stages``), so a node that joins later is covered; False: the step's folder, on every node.
+    per_node: bool = False
+    nodes: dict[str, str] = field(default_factory=dict)  # Ray node id -> "present" (shared mode)
 
 
 def _has_model(path: str) -> bool:
     return (Path(path) / "config.json").exists()
 
 
-def _download_here(files: ModelFiles) -> tuple[str, bool]:
-    path, downloaded = _download_once(
-        files.artifact_uri or "",
-        node_cache_path(files.artifact_uri or "", files.cache_dir),
-        files.tracking_uri,
-        files.files_sha256,
-    )
-    return str(path), downloaded
+def _move_into(partial: Path, target: Path) -> None:
+    """Every file of ``partial`` moved into ``target`` one by one (each move atomic), so a stage on this node
+    reading the light copy's files never sees them vanish while the weights arrive."""
+    for src in sorted(p for p in partial.rglob("*") if p.is_file()):
+        dst = target / src.relative_to(partial)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        src.replace(dst)
+    shutil.rmtree(partial, ignore_errors=True)
+
+
+def _list_files(artifact_uri: str, tracking_uri: str | None, prefix: str = "") -> list[str]:
+    import mlflow.artifacts
+
+    found = []
+    uri = artifact_uri.rstrip("/") + (f"/{prefix}" if prefix else "")
+    for info in mlflow.artifacts.list_artifacts(artifact_uri=uri, tracking_uri=tracking_uri):
+        rel = f"{prefix}/{Path(info.path).name}" if prefix else Path(info.path).name
+        found += _list_files(artifact_uri, tracking_uri, rel) if info.is_dir else [rel]
+    return found
+
+
+def fetch_on_node(files: ModelFiles, weights: bool = True) -> str:
+    """The registered model in this node's cache (``node_cache_path``), fetched here if it is not: all of
+    it for an engine (``weights``), else only its small files (config, tokenizer, processor: what Ray's
+    CPU stages open), so weights land only on nodes that run an engine. One fetch per node and kind under
+    the file lock; every file checked against the registered manifest. Returns the model folder."""
+    if not files.artifact_uri:
+        raise FileNotFoundError(f"model folder {files.path} is not on this node and no artifact URI was given")
+    target = node_cache_path(files.artifact_uri, files.cache_dir)
+    done = (target / COMPLETE).exists() or (not weights and (target / LIGHT).exists())
+    if not done:
+        from filelock import FileLock
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(target.parent / f".{target.name}.lock"):  # an OS lock: released if this process dies
+            if (target / COMPLETE).exists() or (not weights and (target / LIGHT).exists()):
+                pass
+            elif weights:
+                _fetch(files, target, None)
+                (target / COMPLETE).touch()
+            else:
+                try:
+                    names = [rel for rel in _list_files(files.artifact_uri, files.tracking_uri) if not is_weight(rel)]
+                except Exception as exc:
+                    raise store_error(files.artifact_uri, files.tracking_uri, exc) from exc
+                _fetch(files, target, names)
+                (target / LIGHT).touch()
+    verify_files(target, files.files_sha256, files.artifact_uri, light=not (target / COMPLETE).exists())
+    return str(model_dir(target))
+
+
+def _fetch(files: ModelFiles, target: Path, names: list[str] | None) -> None:
+    """The artifact (``names``: only these files of it) downloaded and checked beside ``target``, then moved in."""
+    import mlflow.artifacts
+
+    partial = target.parent / f".{target.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    uri = files.artifact_uri or ""
+    try:
+        if names is None:
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=uri, dst_path=str(partial), tracking_uri=files.tracking_uri
+            )
+        base = uri.rstrip("/").rsplit("/", 1)[-1]  # where download_artifacts puts a whole artifact
+        for rel in names or []:
+            dst = partial / base / Path(rel).parent
+            dst.mkdir(parents=True, exist_ok=True)
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{uri.rstrip('/')}/{rel}", dst_path=str(dst), tracking_uri=files.tracking_uri
+            )
+    except Exception as exc:
+        raise store_error(uri, files.tracking_uri, exc) from exc
+    verify_files(partial, files.files_sha256, uri, light=names is not None)  # a changed artifact never lands
+    _move_into(partial, target)
 
 
 def place_on_every_node(files: ModelFiles) -> Placement:
-    """One model path valid on every alive Ray node, for engines Ray places by itself that open the
-    model by path wherever they land (vLLM, and Ray Data LLM's chat-template and multimodal stages).
+    """One model path valid on every Ray node, for engines Ray places by itself that open the model by path
+    wherever they land (vLLM, and Ray Data LLM's chat-template and multimodal stages).
 
-    The step's own folder when every node sees it (one machine, or a shared filesystem); else each
-    node downloads the artifact once into the same node-local path (``node_cache_path``), under the
-    file lock of ``download_once``. Nodes that join the cluster later are not covered: give an
-    autoscaling cluster a shared ``VLM_CACHE_DIR``."""
+    The step's own folder when every alive node sees it (one machine, or a shared filesystem). Else the
+    node-local cache path (``node_cache_path``, the same on every node): its small files are fetched here
+    to learn the layout, and each stage's actor fetches what it needs on its own node as it starts
+    (``fetch_in_stages``), so a node that joins the cluster after the step started is covered, and only
+    nodes running an engine get the weights."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
-
-    def on_every_node(fn, arg):
-        task = ray.remote(num_cpus=0, max_retries=2)(fn)  # a download is idempotent: retry a lost node task
-        refs = [
-            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(arg)
-            for node in nodes
-        ]
-        return dict(zip(nodes, ray.get(refs)))
-
-    if all(on_every_node(_has_model, files.path).values()):
-        return Placement(files.path, {node: "present" for node in nodes})
+    task = ray.remote(num_cpus=0, max_retries=2)(_has_model)
+    refs = [
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(files.path)
+        for node in nodes
+    ]
+    if all(ray.get(refs)):
+        return Placement(files.path, False, {node: "present" for node in nodes})
     if not files.artifact_uri:
         raise FileNotFoundError(
             f"model folder {files.path} is not on every Ray node and no artifact URI was given to download it there"
         )
-    got = on_every_node(_download_here, files)
-    paths = {path for path, _ in got.values()}
-    if len(paths) != 1:  # same artifact, same cache_dir: only a differing layout could cause this
-        raise RuntimeError(f"the model landed in different folders on different nodes: {sorted(paths)}")
-    return Placement(paths.pop(), {node: "downloaded" if fresh else "present" for node, (_, fresh) in got.items()})
+    return Placement(fetch_on_node(files, weights=False), True)
+
+
+def fetch_in_stages(stages: dict, files: ModelFiles, engine_stages: tuple[str, ...]) -> None:
+    """Each stage's actor class (Ray Data LLM's stateful stage UDFs, by stage name) made to fetch the model
+    on its node before it opens it: all of it for ``engine_stages``, the small files for the others."""
+    for name, stage in stages.items():
+        stage.fn = on_node_model(stage.fn, files, weights=name in engine_stages)
+
+
+def on_node_model(udf: type, files: ModelFiles, weights: bool) -> type:
+    """``udf`` (an actor class that opens the model by path in its constructor) preceded by
+    ``fetch_on_node`` on whatever node Ray starts it. Keeps the class's name: Ray names operators and
+    actors after it."""
+
+    class OnNodeModel(udf):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            fetch_on_node(files, weights)
+            super().__init__(*args, **kwargs)
+
+    OnNodeModel.__name__ = OnNodeModel.__qualname__ = udf.__name__
+    return OnNodeModel

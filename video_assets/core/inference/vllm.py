@@ -160,7 +160,20 @@ def _in_flight(batches: int) -> dict[str, int]:
     return {"max_concurrent_batches": batches, "max_tasks_in_flight_per_actor": batches}
 
 
-def bounded_engine_retries(processor, stage: str = "vLLMEngineStage"):
+ENGINE_STAGE = "vLLMEngineStage"
+
+
+def fetch_model_on_nodes(processor, files):
+    """The processor with each stage's actor fetching the registered model (``files``) on its own node as it
+    starts: the engine all of it, the CPU stages its small files (``model_cache.fetch_in_stages``). For a
+    placement whose path is a node cache (``Placement.per_node``): nodes that join later are covered too."""
+    from video_assets.core.inference.model_cache import fetch_in_stages
+
+    fetch_in_stages(processor.stages, files, (ENGINE_STAGE,))
+    return processor
+
+
+def bounded_engine_retries(processor, stage: str = ENGINE_STAGE):
     """The processor with its engine stage retrying a batch a bounded number of times. Ray's vLLM stage
     ``os._exit``s its actor on a fatal engine error (e.g. CUDA out of memory on one oversized prompt) and
     keeps Ray Data's unbounded retries, so a poison batch would be retried forever; ``vLLMEngineProcessorConfig``

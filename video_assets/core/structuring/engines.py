@@ -107,9 +107,9 @@ def from_vllm_row(row: dict[str, Any]) -> StructureResponse:
     return StructureResponse(str(row.get(REQUEST_KEY, "")), out.text, out.output_tokens, out.latency_s, out.error)
 
 
-def _vllm_rows(settings: vllm.VllmSettings, items: list[dict]):
+def _vllm_rows(settings: vllm.VllmSettings, items: list[dict], fetch: ModelFiles | None = None):
     """The vLLM processor's output rows for ``items`` (a batch that failed on every try: none, and the
-    caller's "no output" rows)."""
+    caller's "no output" rows). ``fetch``: the model each stage fetches on its node (``vllm.fetch_model_on_nodes``)."""
     import ray
     from ray.data.llm import build_processor
 
@@ -120,6 +120,8 @@ def _vllm_rows(settings: vllm.VllmSettings, items: list[dict]):
             postprocess=lambda row: {REQUEST_KEY: row[REQUEST_KEY], **vllm.output_columns(row)},
         )
     )
+    if fetch is not None:
+        processor = vllm.fetch_model_on_nodes(processor, fetch)
     yield from tolerate_failed_batches(processor(ray.data.from_items(items))).take_all()
 
 
@@ -139,14 +141,17 @@ class VllmStructurer:
         if not requests:
             return []
 
-        settings = self.settings
+        settings, fetch = self.settings, None
         if self.model is not None:
-            settings = settings.model_copy(update={"model_source": place_on_every_node(self.model).path})
+            placed = place_on_every_node(self.model)
+            settings = settings.model_copy(update={"model_source": placed.path})
+            fetch = self.model if placed.per_node else None
         # sampling_params travel as JSON: their nested dicts differ between requests (schemas).
         items = [
             {**(r := to_vllm_row(q)), "sampling_params_json": json.dumps(r.pop("sampling_params"))} for q in requests
         ]
-        by_id = {str(row[REQUEST_KEY]): from_vllm_row(row) for row in on_cluster(_vllm_rows, settings, items)}
+        rows = on_cluster(_vllm_rows, settings, items, fetch)
+        by_id = {str(row[REQUEST_KEY]): from_vllm_row(row) for row in rows}
         return [
             by_id.get(q.request_id, StructureResponse(q.request_id, "", error="no output from vLLM")) for q in requests
         ]
