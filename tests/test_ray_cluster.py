@@ -322,32 +322,8 @@ def test_a_node_that_joins_after_the_step_started_fetches_the_model_for_its_engi
         job.start()
         time.sleep(5)  # the job is running, its engine stage waiting for a node
         assert job.is_alive() and not rows
-        clean = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": os.environ.get("HOME", "/tmp"),
-            **{k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH") if k in os.environ},
-            "RAY_USAGE_STATS_ENABLED": "0",
-        }
-        start = [
-            RAY,
-            "start",
-            f"--address={address}",
-            "--num-cpus=1",
-            "--resources",
-            json.dumps({"late_node": 1}),
-            "--node-ip-address=127.0.0.1",
-            "--disable-usage-stats",
-            "--block",
-        ]
         # Its own disk for the cache folder: an empty tmpfs over it, seen only by this node's processes.
-        script = f"mount -t tmpfs tmpfs {cache} && exec {' '.join(repr(a) for a in start)}"
-        late = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-            env=clean,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        late = _join_node(address, resources={"late_node": 1}, private_tmpfs=cache, wait=False)
         job.join(timeout=240)
         assert not errors, errors
         assert len(rows) == 2
@@ -357,20 +333,9 @@ def test_a_node_that_joins_after_the_step_started_fetches_the_model_for_its_engi
         # The step's node (the shared disk) has the small files only: no weights where no engine ran.
         assert not list(cache.rglob("*.safetensors")) and list(cache.rglob("config.json"))
     finally:
-        if late is not None:  # the late node's session (ray start --block, its raylet and workers) stops, and
-            # the cluster sees it gone before the next test places anything on "every alive node"
-            os.killpg(late.pid, signal.SIGTERM)
-            try:
-                late.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(late.pid, signal.SIGKILL)
-                late.wait(timeout=30)
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and any(
-                n["Alive"] and "late_node" in n["Resources"] for n in ray.nodes()
-            ):
-                time.sleep(1)
         ray.shutdown()
+        if late is not None:  # its session stops, and the cluster sees it gone before the next test
+            _stop_node(late, address, "late_node")
 
 
 @pytest.mark.slow
@@ -437,14 +402,85 @@ def test_a_dagster_outside_the_cluster_runs_the_batch_through_ray_client(
 
 
 def test_the_accelerator_pool_follows_the_clusters_gpus(two_node_cluster, dagster_home, monkeypatch, capsys):
-    """`video-assets pools --from-cluster` asks the cluster: no GPUs here, so one model step at a time."""
+    """`video-assets pools --from-cluster` asks the cluster: no GPUs, one model step at a time; a node
+    declaring two GPUs of type H100 joins (Ray's logical GPUs stand in for real ones): two slots, and none
+    of them for engines pinned to another GPU type."""
     from dagster import DagsterInstance
 
     from video_assets.cli import main
     from video_assets.defs.common import ACCELERATOR_POOL
 
-    monkeypatch.setenv("RAY_ADDRESS", two_node_cluster[0])
+    def slots() -> int:
+        with DagsterInstance.get() as instance:
+            return instance.event_log_storage.get_concurrency_info(ACCELERATOR_POOL).slot_count
+
+    address = two_node_cluster[0]
+    monkeypatch.setenv("RAY_ADDRESS", address)
     assert main(["pools", "--from-cluster"]) == 0
-    assert "cluster GPUs 0" in capsys.readouterr().out
-    with DagsterInstance.get() as instance:
-        assert instance.event_log_storage.get_concurrency_info(ACCELERATOR_POOL).slot_count == 1
+    assert "cluster GPUs 0" in capsys.readouterr().out and slots() == 1
+
+    gpu_node = _join_node(address, num_gpus=2, resources={"accelerator_type:H100": 1})
+    try:
+        assert main(["pools", "--from-cluster"]) == 0
+        assert "cluster GPUs 2" in capsys.readouterr().out and slots() == 2
+        assert main(["pools", "--from-cluster", "--accelerator-type", "H100"]) == 0
+        assert "cluster GPUs 2 of type H100" in capsys.readouterr().out and slots() == 2
+        assert main(["pools", "--from-cluster", "--accelerator-type", "A100"]) == 0
+        assert "cluster GPUs 0 of type A100" in capsys.readouterr().out and slots() == 1
+    finally:
+        _stop_node(gpu_node, address, "accelerator_type:H100")
+    assert not any(n["Alive"] and "accelerator_type:H100" in n["Resources"] for n in _alive_nodes(address))
+
+
+def _join_node(
+    address: str, num_gpus: int = 0, resources: dict | None = None, private_tmpfs: Path | None = None, wait=True
+) -> subprocess.Popen:
+    """A node joining the cluster now, in a session of its own (``ray start --block``), with a clean
+    environment (``private_tmpfs``: an empty tmpfs over that folder, seen by this node's processes only: a
+    disk of its own); returns once the cluster lists it (``wait``) or at once."""
+    clean = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        **{k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH") if k in os.environ},
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    cmd = [RAY, "start", f"--address={address}", "--num-cpus=1", f"--num-gpus={num_gpus}"]
+    cmd += ["--resources", json.dumps(resources or {}), "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    cmd.append("--block")
+    if private_tmpfs is not None:
+        script = f"mount -t tmpfs tmpfs {private_tmpfs} && exec {' '.join(repr(a) for a in cmd)}"
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    proc = subprocess.Popen(
+        cmd, env=clean, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    marker = next(iter(resources or {}), None) if wait else None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if marker is None or any(n["Alive"] and marker in n["Resources"] for n in _alive_nodes(address)):
+            return proc
+        time.sleep(1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f"the node with {resources} did not join")
+
+
+def _alive_nodes(address: str) -> list[dict]:
+    import ray
+
+    ray.init(address=address)
+    try:
+        return [n for n in ray.nodes() if n["Alive"]]
+    finally:
+        ray.shutdown()
+
+
+def _stop_node(proc: subprocess.Popen, address: str, marker: str) -> None:
+    """Stop a node started by ``_join_node`` (its session), and wait until the cluster sees it gone."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and any(marker in n["Resources"] for n in _alive_nodes(address)):
+        time.sleep(1)

@@ -139,3 +139,27 @@ def test_a_serve_config_needs_the_cluster_that_will_serve_it(dagster_home, monke
     out = dagster_home / "captioner.yaml"
     assert main(["ray", "serve-config", "--output", str(out)]) == 2
     assert "RAY_ADDRESS" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_cluster_gpus_an_engine_can_use_follow_its_accelerator_type():
+    """Engines pinned to a GPU type (vLLM's ``accelerator_type``) count only the nodes of that type; dead
+    nodes never count."""
+    from video_assets.core.throughput import cluster_gpus
+
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 16, "GPU": 8, "accelerator_type:H100": 1}},
+        {"Alive": True, "Resources": {"CPU": 8, "GPU": 4, "accelerator_type:L4": 1}},
+        {"Alive": False, "Resources": {"CPU": 16, "GPU": 8, "accelerator_type:H100": 1}},
+        {"Alive": True, "Resources": {"CPU": 4}},
+    ]
+    assert [
+        cluster_gpus(nodes),
+        cluster_gpus(nodes, "H100"),
+        cluster_gpus(nodes, "L4"),
+        cluster_gpus(nodes, "A100"),
+    ] == [
+        12,
+        8,
+        4,
+        0,
+    ]

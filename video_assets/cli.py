@@ -711,7 +711,7 @@ def pools_command(args) -> int:
     """The accelerator pool's limit (dagster.yaml's ``default_limit`` is 1 and cannot come from the
     environment): several model steps at once only on a shared cluster with the GPUs for them. With an
     embedded Ray every step starts its own Ray that sees every local GPU, so it stays 1 there."""
-    from video_assets.core.throughput import accelerator_slots
+    from video_assets.core.throughput import accelerator_slots, cluster_gpus
     from video_assets.defs.common import ACCELERATOR_POOL
 
     slots = args.slots
@@ -719,21 +719,23 @@ def pools_command(args) -> int:
         import ray
 
         from resources.ray_cluster import init_ray
-        from resources.ray_service import cluster_address, ray_init_options
+        from resources.ray_service import cluster_address
 
         if not cluster_address():
             print("video-assets pools --from-cluster: RAY_ADDRESS is not set (embedded Ray: 1 slot)", file=sys.stderr)
             return 2
 
         vlm = _resources()["vlm"]
-        init_ray(None, ray_init_options())
+        # Engines pinned to one GPU type (vLLM's accelerator_type) can use only those GPUs.
+        kind = args.accelerator_type or (vlm.vllm or {}).get("accelerator_type")
+        init_ray(None, {})  # only to read the nodes: no code shipped
         try:
-            gpus = float(ray.cluster_resources().get("GPU", 0))
+            gpus = cluster_gpus(ray.nodes(), kind)
         finally:
             ray.shutdown()
         per_step = vlm.concurrency * int((vlm.vllm or {}).get("tensor_parallel_size", 1))
         slots = accelerator_slots(gpus, per_step)
-        print(f"cluster GPUs {gpus:g}, {per_step} per model step")
+        print(f"cluster GPUs {gpus:g}{f' of type {kind}' if kind else ''}, {per_step} per model step")
     if slots is None or slots < 1:
         print("video-assets pools: --slots must be at least 1", file=sys.stderr)
         return 2
@@ -778,6 +780,11 @@ def main(argv: list[str] | None = None) -> int:
         "--from-cluster",
         action="store_true",
         help="one per engine group the cluster's GPUs hold (RAY_ADDRESS; vlm concurrency x tensor_parallel_size GPUs each)",
+    )
+    pools.add_argument(
+        "--accelerator-type",
+        default=None,
+        help="with --from-cluster: count only GPUs of this type (e.g. H100; default: the vlm resource's vllm setting)",
     )
     sub.add_parser("review-token", help="print this instance's reviewer token (the review page's writes need it)")
     rec = sub.add_parser("record", help="record live cameras (a TOML of [[camera]] tables) into the volume")

@@ -110,6 +110,20 @@ def vllm_decode_workers(cpu_concurrency: int, cluster_cpus: float, engines: int,
     return max(cpu_concurrency, int(cluster_cpus - engines - cpu_stage_actors))
 
 
+def cluster_gpus(nodes: list[dict], accelerator_type: str | None = None) -> float:
+    """GPUs of the alive nodes (``ray.nodes()``), only those of ``accelerator_type`` when given (Ray's
+    ``accelerator_type:<T>`` node resource, what vLLM's ``accelerator_type`` setting places engines by):
+    an engine pinned to H100s cannot use the cluster's other GPUs."""
+    key = f"accelerator_type:{accelerator_type}" if accelerator_type else None
+    return float(
+        sum(
+            n["Resources"].get("GPU", 0)
+            for n in nodes
+            if n.get("Alive") and (key is None or key in n.get("Resources", {}))
+        )
+    )
+
+
 def accelerator_slots(cluster_gpus: float, gpus_per_step: int) -> int:
     """Model steps that can hold their engines at once on a cluster: one per ``gpus_per_step`` GPUs, at
     least one (a CPU cluster still runs one model step at a time)."""
