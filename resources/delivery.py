@@ -20,7 +20,8 @@ class AlertDestinations(ConfigurableResource):
         description="TOML file of [[destination]] webhooks (docs/streams.md); empty: alerts are not delivered",
     )
     service_url: str = Field(
-        default="http://127.0.0.1:8300", description="The service's address, for the clip links in payloads"
+        default="http://127.0.0.1:8300",
+        description="The service's address (VIDEO_SERVICE_URL), for clip links: alert payloads and promotion flips",
     )
     timeout_s: float = Field(default=10.0, gt=0, description="Seconds a destination has to answer")
 

@@ -9,6 +9,7 @@ from dagster import SkipReason, build_sensor_context, materialize
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from resources.delivery import AlertDestinations
 from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
@@ -232,8 +233,10 @@ def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_p
     assert str(client.get_model_version_by_alias("video-captioner", "production").version) == "1"
     # Forced: promoted although undecided (and the row says so).
     forced = {"ops": {"promotion": {"config": {**small, "force": True}}}}
+    # The flips' clip links point at the service's configured address (VIDEO_SERVICE_URL), as alerts' do.
+    service = AlertDestinations(service_url="http://videos.example.internal:9300")
     better = defs.resolve_job_def("promote_challenger").execute_in_process(
-        instance=instance, resources=challenger, run_config=forced
+        instance=instance, resources={**challenger, "alert_delivery": service}, run_config=forced
     )
     assert better.success and _decision(better)["promoted"].value is True
     assert "promoted anyway: force" in _decision(better)["reason"].value
@@ -276,6 +279,7 @@ def test_promotion_both_ways(instance, resources, session_ray, volume_dir, tmp_p
         if m.asset_key.to_user_string() == "promotion_diffs"
     )
     assert diff_meta["changes"].value["flag_gained"] == 3 and "/file#t=" in diff_meta["flips"].value
+    assert diff_meta["flips"].value.count("(http://videos.example.internal:9300/api/videos/") == 3
     from video_assets.core.review.queue import ranked
 
     items = ranked(pl.DataFrame(), "object_handling", diffs=read(base, "promotion_diffs"))  # no queue: flips alone

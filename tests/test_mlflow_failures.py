@@ -18,6 +18,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 from pydantic import Field
 
+from resources.delivery import AlertDestinations
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry, MlflowUnavailable, is_not_found
 from resources.structurer import StructurerSettings
@@ -229,6 +230,7 @@ def test_the_promotion_gate_under_an_injected_registry_error(instance, store, tm
         "mlflow_registry": faulty,
         "tables": tables,
         "ray_cluster": LocalRay(lifecycle=Lifecycle(connect=False)),  # never reached: nothing to run on Ray
+        "alert_delivery": AlertDestinations(),
     }
     result = materialize([promotion], instance=instance, resources=resources, raise_on_error=False)
     assert not result.success

@@ -29,6 +29,7 @@ from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster_ray import RayResource
 from pydantic import Field
 
+from resources.delivery import AlertDestinations
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import CAPTIONER, StructurerSettings
@@ -69,7 +70,6 @@ from video_assets.defs.engines import (
 from video_assets.defs.lineage import golden_rows
 from video_assets.defs.registry import CAPTION_PROMPT_NAME, CHALLENGER
 from video_assets.defs.scoring import candidate_predictions, evaluate_candidate
-from video_assets.service.server import DEFAULT_HOST, DEFAULT_PORT
 
 
 class PromotionConfig(Config):
@@ -139,19 +139,16 @@ def _shadow_sample(tables: DeltaTables, readable: pl.DataFrame, golden_ids: list
     return raw.sort(["registered_at", "video_id"], descending=True).head(n).get_column("video_id").to_list()
 
 
-# Where a flip's clip plays: the service's default address (make serve), its file endpoint at the time range.
-SERVICE_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
-
-
-def _flips_table(diffs: list[dict], limit: int = 50) -> str:
-    """The flips as markdown (they come first in ``diffs``), each with a link that plays its clip."""
+def _flips_table(diffs: list[dict], service_url: str, limit: int = 50) -> str:
+    """The flips as markdown (they come first in ``diffs``), each with a link that plays its clip on the
+    service at ``service_url`` (VIDEO_SERVICE_URL: the same address alert payloads link to)."""
     flips = [d for d in diffs if d["change"] in FLIPS]
     if not flips:
         return "_no video changes its answer_"
     lines = ["| change | video | sample | golden | production | challenger | clip |", "|---|---|---|---|---|---|---|"]
     for d in flips[:limit]:
         name = printable((d["uri"] or d["video_id"]).rsplit("/", 1)[-1])
-        link = f"[play]({clip_url(SERVICE_URL, d['video_id'], d['start_s'] or 0.0, d['end_s'])})"
+        link = f"[play]({clip_url(service_url, d['video_id'], d['start_s'] or 0.0, d['end_s'])})"
         lines.append(
             f"| {d['change']} | {name} | {d['sample']} | {d['expected'] or ''} | {d['production_verdict']} | "
             f"{d['challenger_verdict']} | {link} |"
@@ -205,6 +202,7 @@ def promotion(
     mlflow_registry: MlflowRegistry,
     tables: DeltaTables,
     ray_cluster: RayResource,
+    alert_delivery: AlertDestinations,
 ):
     """Challenger vs production on a golden set, each captioned, structured and scored in the promotion's
     own tables; one decision row; production moves only if no gated metric regresses. Run by the
@@ -374,7 +372,7 @@ def promotion(
             "videos_compared": MetadataValue.int(len(diffs)),
             "shadow_videos": MetadataValue.int(len(shadow)),
             "changes": MetadataValue.json(flips),
-            "flips": MetadataValue.md(_flips_table(diffs)),
+            "flips": MetadataValue.md(_flips_table(diffs, alert_delivery.service_url)),
         },
     )
     out = tables.read(PROMOTIONS, SCHEMAS[PROMOTIONS])
