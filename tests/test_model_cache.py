@@ -164,3 +164,47 @@ def test_a_stage_fetches_only_what_it_opens_and_an_engine_adds_the_weights(tiny_
     _flip_one_byte(full / "tokenizer.json")
     with pytest.raises(ModelFilesChanged, match="tokenizer.json"):
         fetch_on_node(files, weights=False)
+
+
+def test_ray_data_llm_stages_are_made_to_fetch_the_model_where_they_start(tiny_model_cache, tmp_path):
+    """``fetch_in_stages`` on the stages of a real ``ray.data.llm`` vLLM processor (built, not run: no vLLM
+    here): every stage's actor class becomes one that fetches the model first, the engine all of it, under
+    the class name Ray names its operators and actors by; constructing a CPU stage's class here fetches the
+    small files, then runs Ray's own constructor on them."""
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    from video_assets.core.inference.model_cache import ModelFiles, fetch_in_stages, node_cache_path
+
+    reg = MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art"))
+    reg.register_model_folder(tiny_model_cache / TINY_MODEL_SOURCE, "captioner", "production", "tiny", "fp-1")
+    version = reg.resolve_alias("captioner", "production")
+    files = ModelFiles(
+        "/nowhere", version.source, str(tmp_path / "cache"), reg.tracking_uri, version.tags["files_sha256"]
+    )
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False)  # build_processor would start a Ray of its own otherwise
+    try:
+        processor = build_processor(
+            vLLMEngineProcessorConfig(
+                model_source=str(tiny_model_cache / TINY_MODEL_SOURCE), chat_template_stage=True, tokenize_stage=True
+            )
+        )
+    finally:
+        ray.shutdown()
+    before = {name: stage.fn for name, stage in processor.stages.items()}
+    fetch_in_stages(processor.stages, files, ("vLLMEngineStage",))
+    assert list(processor.stages) == list(before) and "vLLMEngineStage" in before
+    for name, stage in processor.stages.items():
+        assert stage.fn is not before[name] and issubclass(stage.fn, before[name])
+        assert stage.fn.__name__ == before[name].__name__
+
+    assert not node_cache_path(files.artifact_uri, files.cache_dir).exists()
+    # A CPU stage's actor, as Ray would construct it on a node: the small files fetched first, then Ray's own
+    # constructor (given the step's folder here, so it runs whatever this node's cache holds).
+    udf = processor.stages["TokenizeStage"].fn(
+        data_column="__data", expected_input_keys=None, model=str(tiny_model_cache / TINY_MODEL_SOURCE)
+    )
+    assert udf.tokenizer is not None
+    cached = node_cache_path(files.artifact_uri, files.cache_dir)
+    assert list(cached.rglob("tokenizer.json")) and not list(cached.rglob("*.safetensors"))

@@ -323,8 +323,9 @@ def place_on_every_node(files: ModelFiles) -> Placement:
 def fetch_in_stages(stages: dict, files: ModelFiles, engine_stages: tuple[str, ...]) -> None:
     """Each stage's actor class (Ray Data LLM's stateful stage UDFs, by stage name) made to fetch the model
     on its node before it opens it: all of it for ``engine_stages``, the small files for the others."""
-    for name, stage in stages.items():
-        stage.fn = on_node_model(stage.fn, files, weights=name in engine_stages)
+    for name, stage in list(stages.items()):
+        # A copy with the new class: the stage model's own validation of ``fn`` refuses a class assigned to it.
+        stages[name] = stage.model_copy(update={"fn": on_node_model(stage.fn, files, weights=name in engine_stages)})
 
 
 def on_node_model(udf: type, files: ModelFiles, weights: bool) -> type:
