@@ -98,41 +98,32 @@ def download_once(
     """``artifact_uri`` downloaded into ``target`` exactly once per machine, whoever asks first;
     returns the model folder inside it. Checked against ``files_sha256`` (``verify_files``) after the
     download and on every later use of the cached copy."""
-    return _download_once(artifact_uri, target, tracking_uri, files_sha256)[0]
+    return _fetch_once(artifact_uri, Path(target), tracking_uri, files_sha256, weights=True)
 
 
-def _download_once(
-    artifact_uri: str, target: Path, tracking_uri: str | None, files_sha256: str | None = None
-) -> tuple[Path, bool]:
-    """The model folder, and whether this call downloaded it."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    downloaded = False
-    if (target / COMPLETE).exists():
-        verify_files(target, files_sha256, artifact_uri)
-        return model_dir(target), downloaded
-    from filelock import FileLock
+def _fetched(target: Path, weights: bool) -> bool:
+    """Whether ``target`` holds the model (``weights``), or at least its small files."""
+    return (target / COMPLETE).exists() or (not weights and (target / LIGHT).exists())
 
-    with FileLock(target.parent / f".{target.name}.lock"):  # an OS lock: released if this process dies
-        if not (target / COMPLETE).exists():
-            import mlflow.artifacts
 
-            partial = target.parent / f".{target.name}.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            try:
-                mlflow.artifacts.download_artifacts(
-                    artifact_uri=artifact_uri, dst_path=str(partial), tracking_uri=tracking_uri
-                )
-            except Exception as exc:
-                raise store_error(artifact_uri, tracking_uri, exc) from exc
-            verify_files(partial, files_sha256, artifact_uri)  # a changed artifact never becomes the cache
-            shutil.rmtree(target, ignore_errors=True)
-            partial.rename(target)
-            (target / COMPLETE).touch()
-            downloaded = True
-        else:
-            verify_files(target, files_sha256, artifact_uri)
-    return model_dir(target), downloaded
+def _fetch_once(
+    artifact_uri: str, target: Path, tracking_uri: str | None, files_sha256: str | None, weights: bool
+) -> Path:
+    """The artifact in ``target``, fetched there once per machine, whoever asks first (a file lock): all of it
+    (``weights``), else only its small files (``fetch_on_node``). A fresh download is checked before it moves
+    in; a copy already there is checked as it is used. Returns the model folder inside it."""
+    if not _fetched(target, weights):
+        from filelock import FileLock
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(target.parent / f".{target.name}.lock"):  # an OS lock: released if this process dies
+            if not _fetched(target, weights):
+                names = None if weights else _light_files(artifact_uri, tracking_uri)
+                _fetch(artifact_uri, tracking_uri, files_sha256, target, names)
+                (target / (COMPLETE if weights else LIGHT)).touch()
+                return model_dir(target)
+    verify_files(target, files_sha256, artifact_uri, light=not (target / COMPLETE).exists())
+    return model_dir(target)
 
 
 class ModelStoreUnreachable(RuntimeError):
@@ -238,6 +229,14 @@ def _list_files(artifact_uri: str, tracking_uri: str | None, prefix: str = "") -
     return found
 
 
+def _light_files(artifact_uri: str, tracking_uri: str | None) -> list[str]:
+    """The artifact's files but its weights (what Ray's CPU stages open)."""
+    try:
+        return [rel for rel in _list_files(artifact_uri, tracking_uri) if not is_weight(rel)]
+    except Exception as exc:
+        raise store_error(artifact_uri, tracking_uri, exc) from exc
+
+
 def fetch_on_node(files: ModelFiles, weights: bool = True) -> str:
     """The registered model in this node's cache (``node_cache_path``), fetched here if it is not: all of
     it for an engine (``weights``), else only its small files (config, tokenizer, processor: what Ray's
@@ -246,50 +245,29 @@ def fetch_on_node(files: ModelFiles, weights: bool = True) -> str:
     if not files.artifact_uri:
         raise FileNotFoundError(f"model folder {files.path} is not on this node and no artifact URI was given")
     target = node_cache_path(files.artifact_uri, files.cache_dir)
-    done = (target / COMPLETE).exists() or (not weights and (target / LIGHT).exists())
-    if not done:
-        from filelock import FileLock
-
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(target.parent / f".{target.name}.lock"):  # an OS lock: released if this process dies
-            if (target / COMPLETE).exists() or (not weights and (target / LIGHT).exists()):
-                pass
-            elif weights:
-                _fetch(files, target, None)
-                (target / COMPLETE).touch()
-            else:
-                try:
-                    names = [rel for rel in _list_files(files.artifact_uri, files.tracking_uri) if not is_weight(rel)]
-                except Exception as exc:
-                    raise store_error(files.artifact_uri, files.tracking_uri, exc) from exc
-                _fetch(files, target, names)
-                (target / LIGHT).touch()
-    verify_files(target, files.files_sha256, files.artifact_uri, light=not (target / COMPLETE).exists())
-    return str(model_dir(target))
+    return str(_fetch_once(files.artifact_uri, target, files.tracking_uri, files.files_sha256, weights))
 
 
-def _fetch(files: ModelFiles, target: Path, names: list[str] | None) -> None:
-    """The artifact (``names``: only these files of it) downloaded and checked beside ``target``, then moved in."""
+def _fetch(uri: str, tracking_uri: str | None, files_sha256: str | None, target: Path, names: list[str] | None) -> None:
+    """The artifact (``names``: only these files of it) downloaded and checked beside ``target``, then moved in
+    file by file (a light copy already there is completed, never removed under a stage reading it)."""
     import mlflow.artifacts
 
     partial = target.parent / f".{target.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    uri = files.artifact_uri or ""
     try:
         if names is None:
-            mlflow.artifacts.download_artifacts(
-                artifact_uri=uri, dst_path=str(partial), tracking_uri=files.tracking_uri
-            )
+            mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(partial), tracking_uri=tracking_uri)
         base = uri.rstrip("/").rsplit("/", 1)[-1]  # where download_artifacts puts a whole artifact
         for rel in names or []:
             dst = partial / base / Path(rel).parent
             dst.mkdir(parents=True, exist_ok=True)
             mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{uri.rstrip('/')}/{rel}", dst_path=str(dst), tracking_uri=files.tracking_uri
+                artifact_uri=f"{uri.rstrip('/')}/{rel}", dst_path=str(dst), tracking_uri=tracking_uri
             )
     except Exception as exc:
-        raise store_error(uri, files.tracking_uri, exc) from exc
-    verify_files(partial, files.files_sha256, uri, light=names is not None)  # a changed artifact never lands
+        raise store_error(uri, tracking_uri, exc) from exc
+    verify_files(partial, files_sha256, uri, light=names is not None)  # a changed artifact never lands
     _move_into(partial, target)
 
 
