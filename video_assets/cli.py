@@ -573,13 +573,12 @@ def serve_config_command(args) -> int:
     cluster they join (RAY_ADDRESS, or `ray up`'s local Ray): deployed by `serve deploy` (or a RayService's
     ``serveConfigV2``), it is the application the steps find and use. Asks that cluster for its GPUs, as a
     step does, and downloads the registered model into VLM_CACHE_DIR once, as a step would."""
+    import contextlib
     import json
 
     import ray
 
-    from resources.ray_cluster import init_ray
     from resources.ray_service import cluster_address, local_ray_address
-    from resources.settings import embedded_ray_auth
     from video_assets.core.media.sampling import SamplingConfig
     from video_assets.core.serving.captioner import serve_config
     from video_assets.defs.engines import engine_name, job_spec, resolve_caption_model
@@ -594,8 +593,8 @@ def serve_config_command(args) -> int:
         return 2
     built = _resources("vlm", "mlflow_registry")
     vlm, registry = built["vlm"], built["mlflow_registry"]
-    with embedded_ray_auth():
-        init_ray(address, {})  # only to ask for its GPUs: no code shipped
+    with contextlib.ExitStack() as auth:
+        _join_steps_ray(auth)  # only to ask for its GPUs
         try:
             engine = engine_name(vlm)
             if engine != "transformers":
@@ -614,42 +613,46 @@ def serve_config_command(args) -> int:
             spec = job_spec(SamplingConfig(), vlm, engine, model, "")
         finally:
             ray.shutdown()
+    config = serve_config(spec)
     text = (
         f"# Ray Serve config: the caption model {vlm.registered_model} version {pair.model_version} "
         f"({vlm.alias}), written by `video-assets ray serve-config`.\n"
         "# Deploy it unchanged (`serve deploy`, or a RayService's serveConfigV2): the steps use a running\n"
         "# application of this name as it is; a config deploy replaces the applications it does not list.\n"
-        + json.dumps(serve_config(spec), indent=2)  # JSON is YAML: no YAML writer needed
+        + json.dumps(config, indent=2)  # JSON is YAML: no YAML writer needed
         + "\n"
     )
     if args.output:
         Path(args.output).write_text(text)
-        print(f"wrote {args.output}: application {serve_config(spec)['applications'][0]['name']}")
+        print(f"wrote {args.output}: application {config['applications'][0]['name']}")
     else:
         print(text, end="")
     return 0
 
 
-def _caption_model_chat(registry, timeout_s: float):
-    """The ask box's LLM when it is the caption model (LLM_BASE_URL=captioner): the production version's
-    endpoint, or its Ray Serve application on the Ray the steps join, which this process joins for its
-    lifetime (as a step would, with this instance's token for `ray up`'s Ray)."""
-    import contextlib
-
+def _join_steps_ray(auth) -> None:
+    """Join the Ray the steps use (RAY_ADDRESS's, or `ray up`'s with this instance's token, kept in the
+    environment while ``auth``, an ExitStack, stays open). No code shipped: only handles and node reads."""
     from resources.ray_cluster import init_ray
     from resources.ray_service import cluster_address, local_ray_address
     from resources.settings import embedded_ray_auth
-    from video_assets.defs.engines import caption_model_chat, registered_model_files
+
+    auth.enter_context(embedded_ray_auth())
+    init_ray(cluster_address() or local_ray_address(), {})
+
+
+def _caption_model_chat(registry, timeout_s: float):
+    """The ask box's LLM when it is the caption model (LLM_BASE_URL=captioner): the production version's
+    endpoint, or its Ray Serve application on the Ray the steps join, which this process joins for its
+    lifetime (as a step would)."""
+    import contextlib
+
+    from video_assets.defs.engines import caption_model_chat
 
     vlm = _resources("vlm")["vlm"]
-    _, version = registered_model_files(registry, vlm, vlm.alias)
+    version = str(registry.resolve_alias(vlm.registered_model, vlm.alias).version)  # its files: fetched once, below
     auth = contextlib.ExitStack()  # kept open: the connection lives as long as the service
-
-    def connect():
-        auth.enter_context(embedded_ray_auth())
-        init_ray(cluster_address() or local_ray_address(), {})
-
-    return caption_model_chat(vlm, registry, version, connect, timeout_s)
+    return caption_model_chat(vlm, registry, version, lambda: _join_steps_ray(auth), timeout_s)
 
 
 def _review_token() -> str:

@@ -47,6 +47,14 @@ def cluster_gpus() -> float | None:
     return float(ray.cluster_resources().get("GPU", 0)) if ray.is_initialized() else None
 
 
+def connect_ray(context, ray_resource) -> float:
+    """Start (or join) Ray through a step's on-demand Ray resource, now that a stage needs it; the cluster's
+    GPU count."""
+    if not ray_resource.connected:
+        ray_resource.connect(context)
+    return cluster_gpus() or 0.0
+
+
 def engine_name(vlm: VlmSettings) -> str:
     """``auto`` asks the cluster, not this process: a CPU-only orchestrator may drive GPU workers."""
     return choose_engine_name(vlm.engine, gpus=cluster_gpus())

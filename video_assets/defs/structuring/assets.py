@@ -16,7 +16,7 @@ from video_assets.core.structuring.versions import plan_structuring, structuring
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
 from video_assets.defs.engines import (
-    cluster_gpus,
+    connect_ray,
     make_structurer,
     model_files_of,
     structure_rows,
@@ -29,13 +29,6 @@ from video_assets.defs.lineage import lineage_captions, use_case_version
 
 class StructuredEventsConfig(Config):
     restructure: bool = Field(default=False, description="Structure again captions already structured by this version")
-
-
-def _connect(context, ray: RayResource) -> float:
-    """Start (or join) Ray through the resource, now that vLLM may run; the cluster's GPU count."""
-    if not ray.connected:
-        ray.connect(context)
-    return cluster_gpus() or 0.0
 
 
 @batch_asset("structuring", STRUCTURED_EVENTS, kinds=("mlflow",), deps=["captions"], pool=ACCELERATOR_POOL)
@@ -86,12 +79,12 @@ def structured_events(
             served = registered_endpoint(files.path) if files is not None else None  # the captioner is an endpoint
             warm = None
             if files is not None and served is None and ray_outlives_steps():  # served there: share the captions one
-                _connect(context, ray_on_demand)
+                connect_ray(context, ray_on_demand)
                 warm = warm_engine_spec(vlm, files)
             engine = make_structurer(
                 structurer,
                 files,
-                connect_ray=lambda: _connect(context, ray_on_demand),
+                connect_ray=lambda: connect_ray(context, ray_on_demand),
                 warm=warm,
                 endpoint=vlm.endpoint(served) if served else None,
             )

@@ -21,7 +21,7 @@ from video_assets.core.qa.llm import LlmUnavailable
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS, TRANSCRIPTS, VIDEO_SUMMARIES, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.defs.common import batch_asset, table_metadata
-from video_assets.defs.engines import caption_model_chat
+from video_assets.defs.engines import caption_model_chat, connect_ray
 from video_assets.defs.lineage import (
     answered_events,
     lineage_captions,
@@ -31,11 +31,6 @@ from video_assets.defs.lineage import (
 )
 
 EXTRACTIVE = "extractive"
-
-
-def _connect(context, ray: RayResource) -> None:
-    if not ray.connected:
-        ray.connect(context)
 
 
 class SummariesConfig(Config):
@@ -69,7 +64,9 @@ def video_summaries(
     events = answered_events(tables, batch, upstream_pair(context, batch, STRUCTURED_EVENTS) if structured else pair)
 
     if llm.uses_captioner:  # the model that made these captions, where it is served: loaded once for all stages
-        client = caption_model_chat(vlm, mlflow_registry, pair.model_version, lambda: _connect(context, ray_on_demand))
+        client = caption_model_chat(
+            vlm, mlflow_registry, pair.model_version, lambda: connect_ray(context, ray_on_demand)
+        )
     else:
         client = llm.client()
     summarizer = EXTRACTIVE
