@@ -183,15 +183,21 @@ def test_ray_data_llm_stages_are_made_to_fetch_the_model_where_they_start(tiny_m
     )
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False)  # build_processor would start a Ray of its own otherwise
-    try:
-        processor = build_processor(
-            vLLMEngineProcessorConfig(
-                model_source=str(tiny_model_cache / TINY_MODEL_SOURCE), chat_template_stage=True, tokenize_stage=True
+    from resources.settings import embedded_ray_auth
+
+    # The product's embedded Ray (token, no metrics exporter): build_processor would start a plain one otherwise.
+    with embedded_ray_auth():
+        ray.init(num_cpus=1, include_dashboard=False)
+        try:
+            processor = build_processor(
+                vLLMEngineProcessorConfig(
+                    model_source=str(tiny_model_cache / TINY_MODEL_SOURCE),
+                    chat_template_stage=True,
+                    tokenize_stage=True,
+                )
             )
-        )
-    finally:
-        ray.shutdown()
+        finally:
+            ray.shutdown()
     before = {name: stage.fn for name, stage in processor.stages.items()}
     fetch_in_stages(processor.stages, files, ("vLLMEngineStage",))
     assert list(processor.stages) == list(before) and "vLLMEngineStage" in before
