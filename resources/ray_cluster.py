@@ -41,9 +41,8 @@ FORWARDED_ENV = (
 class EmbeddedRay(LocalRay):
     """An embedded local Ray (or ``RAY_ADDRESS``'s cluster, untouched) for the step that asks for it.
 
-    Embedded, it starts with ``RAY_AUTH_MODE=token`` and this instance's token file (created 0600
-    under DAGSTER_HOME): Ray 2.60's GCS and raylet listen on every interface whatever address they
-    are given, so the token is what refuses anyone else. The step also ends with its run process,
+    Embedded, it starts as a loopback node (every Ray socket on 127.0.0.1) with ``RAY_AUTH_MODE=token``
+    and this instance's token file (created 0600 under DAGSTER_HOME), which refuses other local users. The step also ends with its run process,
     taking the Ray processes it started with it (``resources/lifetime.py``)."""
 
     address: str | None = Field(
@@ -60,6 +59,13 @@ class EmbeddedRay(LocalRay):
     @property
     def ray_address(self) -> str | None:  # type: ignore[override]
         return self.address
+
+    @property
+    def dashboard_url(self) -> str | None:  # type: ignore[override]
+        """The dashboard of the connected Ray as Ray reports it (None without one), not dagster-ray's
+        guess from a host and the default port."""
+        url = getattr(self._context, "dashboard_url", None) if self._context is not None else None
+        return (url if "://" in url else f"http://{url}") if url else None
 
     def connect(self, context):  # type: ignore[override]
         """dagster-ray's ``connect`` without its ``apply_remote``: that runs a task (starting a worker

@@ -5,7 +5,8 @@ application per model, ``core/serving/captioner.py``, scaled to zero after ``war
 Without it, each step embeds its own Ray as before.
 
 The service is one Python process, started in a session of its own, that starts Ray the way the
-embedded resource does (``ray.init``: token authentication, no Ray Client server, no dashboard) and
+embedded resource does (``ray.init``: a loopback node, token authentication, no Ray Client server, the
+dashboard only with RAY_DASHBOARD=1) and
 Ray Serve without its HTTP proxy (handles only: no port), and stays its driver. Its address and process id live in
 ``$DAGSTER_HOME/ray/service.json``; ``video-assets ray down`` stops the service and then every process
 left in its session (and any process naming its session folder), nothing else of Ray's."""
@@ -26,6 +27,7 @@ from pathlib import Path
 from resources.settings import REPO_ROOT, SHIPPED_PACKAGES, dagster_home, embedded_ray_auth
 
 START_TIMEOUT_S = 180.0
+LOOPBACK = "127.0.0.1"
 
 
 def service_file() -> Path:
@@ -61,7 +63,7 @@ def ray_outlives_steps() -> bool:
 
 
 def ray_init_options() -> dict:
-    """Embedded Ray: no dashboard (saves a process and a port on a laptop); with this instance's local
+    """Embedded Ray: ``local_ray_options`` (the dashboard only when asked for); with this instance's local
     Ray service running (`video-assets ray up`), nothing (the resource joins ``local_ray_address()``).
     With RAY_ADDRESS set,
     ray.init connects to that cluster and takes no local-cluster options, but ships this product's
@@ -73,6 +75,20 @@ def ray_init_options() -> dict:
         return {"runtime_env": {"py_modules": [str(REPO_ROOT / p) for p in SHIPPED_PACKAGES]}}
     if local_ray_address():  # this instance's long-lived local Ray: joined as it is (same machine, code)
         return {}
+    return local_ray_options()
+
+
+def dashboard_on() -> bool:
+    """RAY_DASHBOARD: whether a Ray this instance starts (embedded, or `video-assets ray up`) runs Ray's dashboard."""
+    return os.environ.get("RAY_DASHBOARD", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def local_ray_options() -> dict:
+    """``ray.init`` options of a Ray this instance starts: no dashboard (saves a process and a port on a
+    laptop) unless RAY_DASHBOARD=1, then Ray's dashboard on 127.0.0.1 (port 8265, or the next free one;
+    the steps put its URL in their metadata)."""
+    if dashboard_on():
+        return {"include_dashboard": True, "dashboard_host": LOOPBACK}
     return {"include_dashboard": False}
 
 
@@ -135,11 +151,9 @@ def serve(temp_dir: str, num_cpus: int | None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     with embedded_ray_auth():  # token authentication, as the embedded Ray; its processes inherit it
         # "local": always a new Ray, never one a stale /tmp/ray/ray_current_cluster points at
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir)
+        ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir, **local_ray_options())
         start_serve()  # applications are deployed by the steps that need them
-        # Ray binds its GCS on every interface under the node's address (token-guarded, as the
-        # embedded Ray's); steps on this machine reach it on loopback.
-        gcs = "127.0.0.1:" + ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
+        gcs = ray.get_runtime_context().gcs_address  # 127.0.0.1:port: a loopback node, as the embedded Ray
         info = {"address": gcs, "temp_dir": temp_dir, "pid": os.getpid(), "started_at": time.time()}
         tmp = service_file().with_suffix(".tmp")
         tmp.write_text(json.dumps(info))

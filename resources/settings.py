@@ -113,15 +113,41 @@ _RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN", "RAY
 
 @contextlib.contextmanager
 def embedded_ray_auth() -> Iterator[Path | None]:
-    """Within: a Ray started by ``ray.init()`` here runs with token authentication and this instance's
-    token (its GCS and raylet listen on every interface whatever the node address, so the token is
-    what refuses other clients). With RAY_ADDRESS set nothing changes: that cluster's own
-    authentication applies (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, as Ray documents)."""
+    """Within: a Ray started by ``ray.init()`` here listens on loopback (``loopback_ray_node``) and runs
+    with token authentication and this instance's token (what refuses other local users' clients). With
+    RAY_ADDRESS set nothing changes: that cluster's own authentication applies (RAY_AUTH_TOKEN or
+    RAY_AUTH_TOKEN_PATH, as Ray documents)."""
     if os.environ.get("RAY_ADDRESS"):
         yield None
         return
-    with ray_token_auth(ensure_secret_file(ray_auth_token_path())) as token:
+    with loopback_ray_node(), ray_token_auth(ensure_secret_file(ray_auth_token_path())) as token:
         yield token
+
+
+# Ray's switch for its single-machine mode (the macOS/Windows default): node address 127.0.0.1 instead
+# of the machine's routable address, so every Ray socket binds loopback.
+_RAY_CLUSTER_MODE_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def loopback_ray_node() -> Iterator[None]:
+    """Within: a Ray started here (and its processes, which inherit the environment) takes 127.0.0.1 as
+    its node address. On Linux Ray otherwise uses the routable address, and its autoscaler monitor then
+    serves Prometheus metrics on every interface without the token (it binds loopback only for a
+    loopback head). Ray reads the switch once at import, so this process's copy is set too; both restored."""
+    from ray._private import ray_constants
+
+    saved_env, saved_const = os.environ.get(_RAY_CLUSTER_MODE_VAR), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_RAY_CLUSTER_MODE_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_const
+        if saved_env is None:
+            os.environ.pop(_RAY_CLUSTER_MODE_VAR, None)
+        else:
+            os.environ[_RAY_CLUSTER_MODE_VAR] = saved_env
 
 
 @contextlib.contextmanager

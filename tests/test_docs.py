@@ -111,7 +111,7 @@ CLI = re.compile(r"\bvideo-assets ([a-z][\w-]*(?:\s*\|\s*[a-z][\w-]*)*)([^`\n|]*
 # Any name in the form of this project's settings, wherever the docs name it.
 SETTING = re.compile(
     r"\b((?:VIDEO|VLM|MLFLOW|STRUCTURER|LLM|ARCHIVE|SPEECH_MODEL|FRAME_ENCODER|TEXT_ENCODER)_[A-Z0-9_]*[A-Z0-9]"
-    r"|RAY_ADDRESS|RAY_SHIP_CODE)\b"
+    r"|RAY_ADDRESS|RAY_SHIP_CODE|RAY_DASHBOARD)\b"
 )
 
 

@@ -1,8 +1,8 @@
 """Nothing the product starts accepts unauthenticated work from the network. During a real
-materialisation with the product's `ray_cluster` resource (the embedded Ray): every socket its Ray
-processes listen on either is loopback-only or refuses a gRPC/HTTP call without this instance's token
-(and answers the same call with it), and a Ray client without the token cannot connect while one with
-it can. Every process is the run's own and stops with it; every wait is bounded."""
+materialisation with the product's `ray_cluster` resource (the embedded Ray, dashboard switched on): every
+socket its Ray processes listen on is loopback-only (and any that were not would have to refuse a gRPC/HTTP
+call without this instance's token and answer it with the token), the dashboard's API refuses a request
+without the token, and a Ray client without the token cannot connect while one with it can. Every process is the run's own and stops with it; every wait is bounded."""
 
 import os
 import stat
@@ -15,11 +15,12 @@ from ipaddress import ip_address
 import grpc
 import psutil
 import pytest
-from dagster import asset, materialize
+from dagster import MaterializeResult, asset, materialize
 from dagster_ray import RayResource
 
 from resources.settings import ray_auth_token_path
 from video_assets.definitions import build_resources
+from video_assets.defs.engines import ray_dashboard
 
 # One cheap read-only method per Ray gRPC service (GCS, raylet, object manager, core worker, and the
 # dashboard agent's log service: with Ray Serve's dependencies installed the agent serves gRPC too). Ray
@@ -57,6 +58,19 @@ def _http(addr: str) -> int | str:
         return type(e).__name__
 
 
+def _dashboard_codes(address: str, token: str) -> dict:
+    """HTTP status of the dashboard's version API without the token and with it."""
+    codes = {}
+    for label, headers in (("without", {}), ("with_token", {"Authorization": f"Bearer {token}"})):
+        request = urllib.request.Request(f"http://{address}/api/version", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                codes[label] = response.status
+        except urllib.error.HTTPError as e:
+            codes[label] = e.code
+    return codes
+
+
 def _listeners() -> list[tuple[int, str, str, int]]:
     """(pid, name, ip, port) of every listening TCP socket of this process's descendants started by
     the run: the Ray head node the resource started (GCS, raylet, agents, workers). Processes that
@@ -74,6 +88,12 @@ def _listeners() -> list[tuple[int, str, str, int]]:
         except psutil.Error:
             continue
     return found
+
+
+def _loopback(ip: str) -> bool:
+    # Ray's gRPC servers bind IPv4 loopback as "::ffff:127.0.0.1" (Python 3.11 does not call that loopback).
+    addr = ip_address(ip)
+    return (getattr(addr, "ipv4_mapped", None) or addr).is_loopback
 
 
 def _probe(token: str) -> None:
@@ -116,17 +136,20 @@ def _probe(token: str) -> None:
             out, _ = proc.communicate()
         results[label] = (proc.returncode, out)
     observed.update(gcs=gcs, sockets=sockets, clients=results, auth_mode=os.environ.get("RAY_AUTH_MODE"))
+    observed["dashboard"] = _dashboard_codes(ray._private.worker.get_dashboard_url(), token)
 
 
 @asset
-def network_probe(ray_cluster: RayResource) -> None:
+def network_probe(ray_cluster: RayResource) -> MaterializeResult:
     _probe(ray_auth_token_path().read_text().strip())
+    return MaterializeResult(metadata=ray_dashboard(ray_cluster))  # what captions and structuring report
 
 
 @pytest.mark.slow
 def test_embedded_ray_refuses_clients_without_the_instance_token(instance, dagster_home, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # an operator's leftover setting: the embedded Ray ignores it
+    monkeypatch.setenv("RAY_DASHBOARD", "1")  # the dashboard switched on: its sockets are checked too
     observed.clear()
     observed["earlier"] = {p.pid for p in psutil.Process().children(recursive=True)}
     result = materialize(
@@ -139,12 +162,18 @@ def test_embedded_ray_refuses_clients_without_the_instance_token(instance, dagst
     token = token_file.read_text().strip()
     assert len(token) >= 32
 
-    # (1) Listening sockets: Ray 2.60 puts GCS and raylet on every interface, so each socket that is
-    # not loopback-only must refuse a call without the token and answer the same call with it.
+    # (1) Listening sockets: the embedded Ray runs as a loopback node, so every socket of its processes
+    # (GCS, raylet, agents, workers, the autoscaler monitor's metrics server) binds 127.0.0.1; on Linux
+    # Ray would otherwise take the machine's routable address and the monitor would serve metrics on
+    # every interface. Any socket that is not loopback-only must still refuse a call without the token
+    # and answer the same call with it.
+    assert observed["gcs"].startswith("127.0.0.1:"), observed["gcs"]
     gcs_port = int(observed["gcs"].rsplit(":", 1)[1])
     assert gcs_port in {s["port"] for s in observed["sockets"]}, observed["sockets"]
+    wide = [f"{s['name']} {s['ip']}:{s['port']}" for s in observed["sockets"] if not _loopback(s["ip"])]
+    assert not wide, wide
     for s in observed["sockets"]:
-        if ip_address(s["ip"]).is_loopback:
+        if _loopback(s["ip"]):
             continue
         # With the token the call gets past authentication: answered, or failed in the handler (UNKNOWN:
         # the agent's log service given an empty request).
@@ -153,6 +182,16 @@ def test_embedded_ray_refuses_clients_without_the_instance_token(instance, dagst
         assert guarded or s["http"] == 401, (
             f"{s['name']} (pid {s['pid']}) serves {s['ip']}:{s['port']} without a token: {s}"
         )
+
+    # The dashboard: on loopback, its URL in the step's metadata, and its API refuses a request without the token.
+    [mat] = result.asset_materializations_for_node("network_probe")
+    dashboard = mat.metadata["ray_dashboard"].value
+    assert dashboard.startswith("http://127.0.0.1:"), dashboard
+    assert int(dashboard.rsplit(":", 1)[1]) in {s["port"] for s in observed["sockets"]}, (
+        dashboard,
+        observed["sockets"],
+    )
+    assert observed["dashboard"] == {"without": 401, "with_token": 200}, observed["dashboard"]
 
     # (2) Clients: without the token (auth off, or a wrong one) refused; with it, connected.
     codes = {label: rc for label, (rc, _) in observed["clients"].items()}

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
-from dagster import Failure
+from dagster import Failure, MetadataValue
 
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
@@ -53,6 +53,13 @@ def connect_ray(context, ray_resource) -> float:
     if not ray_resource.connected:
         ray_resource.connect(context)
     return cluster_gpus() or 0.0
+
+
+def ray_dashboard(ray_resource) -> dict:
+    """``ray_dashboard`` metadata: the URL of the step's Ray dashboard when it has one (RAY_DASHBOARD=1 for
+    a Ray this instance starts, on loopback; a cluster's own), nothing when the step did not start Ray."""
+    url = ray_resource.dashboard_url if ray_resource.connected else None
+    return {"ray_dashboard": MetadataValue.url(url)} if url else {}
 
 
 def engine_name(vlm: VlmSettings) -> str:

@@ -15,7 +15,7 @@ from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR
 from video_assets.defs.common import ACCELERATOR_POOL, CostBreakdown, batch_asset, table_metadata
-from video_assets.defs.engines import engine_name, job_spec, resolve_caption_model, run_captioning
+from video_assets.defs.engines import engine_name, job_spec, ray_dashboard, resolve_caption_model, run_captioning
 from video_assets.defs.registry import TINY_WARNING
 
 
@@ -158,6 +158,7 @@ def captions(
             "engine": MetadataValue.text(engine),
             # Served (the application and its replicas) or in-job engines: what answered this batch.
             "engine_service": MetadataValue.json(stats["service"]),
+            **ray_dashboard(ray_cluster),
             "batches": MetadataValue.int(len(batches)),
             "videos_captioned": MetadataValue.int(todo.height),
             "videos_cached": MetadataValue.int(good.height - todo.height),

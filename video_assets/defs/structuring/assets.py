@@ -19,6 +19,7 @@ from video_assets.defs.engines import (
     connect_ray,
     make_structurer,
     model_files_of,
+    ray_dashboard,
     structure_rows,
     structurer_id,
     warm_engine_spec,
@@ -113,6 +114,7 @@ def structured_events(
             # The engine that answered (a served caption application, an endpoint, or one in the step);
             # "none" when every caption was already structured.
             "structuring_engine": MetadataValue.text(getattr(engine, "name", "?") if engine is not None else "none"),
+            **ray_dashboard(ray_on_demand),
             "use_cases": MetadataValue.json({u.name: u.version for u in use_cases}),
             "status_counts": MetadataValue.json(status),
             "verdict_counts": MetadataValue.json(verdicts),
