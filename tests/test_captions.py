@@ -95,6 +95,11 @@ def test_captions_for_a_batch_with_a_corrupt_file(
     from video_assets.core.throughput import StageCosts, predict
 
     [(measured, video_s, requests)] = calibration(instance)  # one batch size so far
+    # vLLM's decode width calibrates on vLLM batches only (another engine's ratio would mis-size it).
+    from video_assets.defs.engines import calibration_runs
+
+    assert calibration_runs(instance, "transformers") == calibration(instance)
+    assert calibration_runs(instance, "vllm") == []
     assert measured == cost and video_s > 0 and requests == len(GOOD) + 1  # + the damaged one
     costs = StageCosts.from_run(measured, video_s, requests, cpu_workers=1)
     assert predict(costs, video_s, 1).wall_s == pytest.approx(parts["total"], rel=0.01)

@@ -339,6 +339,73 @@ def test_a_node_that_joins_after_the_step_started_fetches_the_model_for_its_engi
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_vllm_decode_sized_beyond_the_clusters_cpus_takes_a_node_that_joins_mid_job(
+    two_node_cluster, tmp_path, monkeypatch
+):
+    """A vLLM job's decode stage sized by the throughput model (decode CPU s per engine s measured on earlier
+    batches) at 6 tasks on a cluster of 3 CPUs at job start (a GPU group that scales from zero has not
+    joined yet): the job runs what fits, and a node that joins mid-job decodes part of the batch; nothing
+    ties decode to the nodes there when the job was sized. The real decode stage (``decoded_segments``),
+    no engine. (The width itself is ``decode_slots``, tested in test_throughput.py.)"""
+    import threading
+
+    import ray
+
+    from video_assets.core.captioning.batch import EngineSpec, JobSpec
+    from video_assets.core.captioning.job import decode_slots, decoded_segments
+    from video_assets.core.inference.model_cache import ModelFiles
+    from video_assets.core.media.sampling import SamplingConfig
+
+    address, _, _ = two_node_cluster
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    copy_samples(tmp_path, ["bottle-detection.mp4"])  # 40 s
+    uri = str(tmp_path / "bottle-detection.mp4")
+    videos = [
+        {"video_id": f"v{i}", "batch_key": "b", "uri": uri, "duration_s": 39.85, "rotation": 0} for i in range(160)
+    ]  # about 0.4 s of decode each: the job outlasts the node's start
+    files = ModelFiles("/m", "", str(tmp_path), "", "")
+    vllm = {"model_source": "/m", "concurrency": 1, "cpu_stage_max_actors": 1}
+    spec = JobSpec(SamplingConfig(), EngineSpec("vllm", files), "p", vllm=vllm, cpu_to_accelerator=6.0)
+    late = None
+    ray.init(**ray_init_options())
+    try:
+        assert ray.cluster_resources()["CPU"] == 3  # head 1 + worker 2
+        assert decode_slots(spec) == 6  # the model's width, beyond today's CPUs (now: 2)
+        rows, errors = [], []
+        started = threading.Event()
+
+        def run():
+            try:
+                for row in decoded_segments(videos, spec).iter_rows():
+                    rows.append({"video_id": row["video_id"], "decode_node": row["decode_node"]})  # not the frames
+                    started.set()
+            except Exception as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+                started.set()
+
+        job = threading.Thread(target=run, daemon=True)
+        job.start()
+        assert started.wait(120) and not errors, errors
+        late = _join_node(address, resources={"late_decode": 1}, wait=False)  # mid-job: takes queued decode tasks
+        deadline = time.monotonic() + 120
+        while not any(n["Alive"] and "late_decode" in n["Resources"] for n in ray.nodes()):
+            assert time.monotonic() < deadline, "the node did not join"
+            time.sleep(0.5)
+        assert job.is_alive(), "the job ended before the node joined: give it more videos"
+        job.join(timeout=240)
+        assert not errors, errors
+        assert not job.is_alive() and len({r["video_id"] for r in rows}) == len(videos)
+        late_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"] and "late_decode" in n["Resources"]}
+        assert len(late_ids) == 1
+        assert late_ids & {r["decode_node"] for r in rows}, "the node that joined mid-job decoded nothing"
+    finally:
+        ray.shutdown()
+        if late is not None:
+            _stop_node(late, address, "late_decode")
+
+
+@pytest.mark.slow
 def test_a_clean_worker_node_reads_the_bucket_with_the_steps_forwarded_settings(
     two_node_cluster, s3_endpoint, instance, resources, tiny_model_cache, tmp_path, monkeypatch
 ):

@@ -106,6 +106,45 @@ def test_decode_beside_vllm_follows_the_cluster():
     assert vllm_decode_workers(2, 4, engines=1, cpu_stage_actors=8) == 2
 
 
+def test_decode_beside_vllm_is_sized_to_its_engines_by_the_calibrated_model():
+    """The decode width of a vLLM job: what the cluster's CPUs leave at its start, raised to what keeps the
+    engines busy by the ratio measured on earlier vLLM batches (demand an autoscaling cluster grows for),
+    never lowered by it."""
+    from video_assets.core.captioning.batch import EngineSpec, JobSpec
+    from video_assets.core.captioning.job import decode_slots
+    from video_assets.core.inference.model_cache import ModelFiles
+    from video_assets.core.media.sampling import SamplingConfig
+    from video_assets.core.throughput import calibrated_cpu_to_accelerator, decode_width
+
+    assert decode_width(2, None, engines=8) == 2  # nothing measured yet: the cluster of the moment
+    assert decode_width(2, 4.0, engines=8) == 32  # 4 decode CPU s per engine s, 8 engines
+    assert decode_width(40, 0.5, engines=8) == 40  # calibrated on smaller hardware: never fewer than now
+    assert decode_width(3, 1.01, engines=2) == 3 and decode_width(2, 1.01, engines=2) == 3  # rounded up
+
+    run = {"busy_s": {"decode_cpu": 30.0, "generation": 10.0}}
+    idle = {"busy_s": {"decode_cpu": 5.0, "generation": 0.0}}
+    assert calibrated_cpu_to_accelerator([(run, 60.0, 6), (run, 120.0, 12)]) == pytest.approx(3.0)
+    assert calibrated_cpu_to_accelerator([]) is None and calibrated_cpu_to_accelerator([(idle, 1.0, 1)]) is None
+
+    def spec(ratio, engines=2, resources=None):
+        files = ModelFiles("/m", "", "/c", "", "")
+        vllm = {"model_source": "/m", "concurrency": engines, "cpu_stage_max_actors": 1}
+        return JobSpec(
+            SamplingConfig(),
+            EngineSpec("vllm", files),
+            "p",
+            vllm=vllm,
+            cpu_to_accelerator=ratio,
+            cpu_resources=resources or {},
+        )
+
+    # A GPU group scaling from zero: at job start the head's 4 CPUs, 2 engines, 2 CPU-stage actors.
+    assert decode_slots(spec(None), cluster_cpus=4) == 2
+    assert decode_slots(spec(3.0), cluster_cpus=4) == 6
+    assert decode_slots(spec(3.0), cluster_cpus=64) == 60  # a big cluster already: its CPUs
+    assert decode_slots(spec(3.0, resources={"decode": 1}), cluster_cpus=64) == 2  # pinned: as configured
+
+
 def test_the_accelerator_pool_is_set_from_the_command_line(dagster_home, monkeypatch):
     """`video-assets pools`: the accelerator pool's slots on the instance (dagster.yaml cannot take them
     from the environment); --from-cluster only with a cluster (an embedded Ray per step sees every GPU)."""

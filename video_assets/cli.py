@@ -507,20 +507,11 @@ def recover(instance: DagsterInstance) -> list[str]:
     return failed
 
 
-def calibration(instance: DagsterInstance, limit: int = 20, runs: int = 2) -> list[tuple[dict, float, int]]:
-    """The latest captions materialisations that captioned something, of different sizes (up to
-    ``runs``): each one's cost breakdown, video seconds and requests (what `predict` calibrates on)."""
-    from dagster import AssetKey
+def calibration(instance: DagsterInstance) -> list[tuple[dict, float, int]]:
+    """What `predict` calibrates on (``defs.engines.calibration_runs``), or an exit saying what to run first."""
+    from video_assets.defs.engines import calibration_runs
 
-    found: list[tuple[dict, float, int]] = []
-    for record in instance.fetch_materializations(AssetKey("captions"), limit=limit, ascending=False).records:
-        meta = record.asset_materialization.metadata
-        if "cost_breakdown" in meta and meta.get("requests") and meta["requests"].value > 0:
-            requests = int(meta["requests"].value)
-            if requests not in {r for _, _, r in found}:
-                found.append((meta["cost_breakdown"].value, float(meta["video_s"].value), requests))
-            if len(found) == runs:
-                break
+    found = calibration_runs(instance)
     if not found:
         raise SystemExit("no captions materialisation with measured costs yet: run a batch first (make demo)")
     return found

@@ -110,6 +110,29 @@ def vllm_decode_workers(cpu_concurrency: int, cluster_cpus: float, engines: int,
     return max(cpu_concurrency, int(cluster_cpus - engines - cpu_stage_actors))
 
 
+def decode_width(now: int, cpu_to_accelerator: float | None, engines: int) -> int:
+    """The most decode tasks a vLLM job runs at once: ``now`` (what the cluster's CPUs leave at job start,
+    ``vllm_decode_workers``) raised to the width that keeps ``engines`` engines busy by the throughput
+    model (``cpu_to_accelerator``: decode CPU seconds per engine second, measured on this engine's earlier
+    batches; None before any). Ray Data's budget runs only as many as the CPUs of the moment allow, so the
+    rest is demand: an autoscaling cluster adds CPU for it, and nodes that join mid-job (a GPU group scaling
+    from zero) take decode tasks; a cluster that cannot grow runs ``now`` of them. Never below ``now``: a
+    calibration from smaller hardware must not starve today's engines."""
+    if cpu_to_accelerator is None or not math.isfinite(cpu_to_accelerator) or cpu_to_accelerator <= 0:
+        return now
+    return max(now, math.ceil(engines * cpu_to_accelerator))
+
+
+def calibrated_cpu_to_accelerator(runs: list[tuple[dict, float, int]]) -> float | None:
+    """Decode CPU seconds per engine second over calibration runs ``(cost_breakdown, video_s, requests)``:
+    the ratio ``predict`` reports; None without runs or engine time."""
+    if not runs:
+        return None
+    decode = sum(c["busy_s"]["decode_cpu"] for c, _, _ in runs)
+    engine = sum(c["busy_s"]["generation"] for c, _, _ in runs)
+    return decode / engine if engine > 0 else None
+
+
 def cluster_gpus(nodes: list[dict], accelerator_type: str | None = None) -> float:
     """GPUs of the alive nodes (``ray.nodes()``), only those of ``accelerator_type`` when given (Ray's
     ``accelerator_type:<T>`` node resource, what vLLM's ``accelerator_type`` setting places engines by):

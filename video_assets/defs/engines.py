@@ -104,8 +104,35 @@ def model_files_of(registry: MlflowRegistry, vlm: VlmSettings, version: str) -> 
     return registry.version_files(found, Path(vlm.cache_dir) / "registry", vlm.cache_dir)[0]
 
 
+def calibration_runs(
+    instance, engine: str | None = None, limit: int = 20, runs: int = 2
+) -> list[tuple[dict, float, int]]:
+    """The latest captions materialisations that captioned something (of ``engine`` when given), of different
+    sizes (up to ``runs``): each one's cost breakdown, video seconds and requests (what the throughput
+    model calibrates on: `video-assets predict`, and vLLM's decode width)."""
+    from dagster import AssetKey
+
+    found: list[tuple[dict, float, int]] = []
+    for record in instance.fetch_materializations(AssetKey("captions"), limit=limit, ascending=False).records:
+        meta = record.asset_materialization.metadata
+        if engine is not None and (meta.get("engine") is None or meta["engine"].value != engine):
+            continue
+        if "cost_breakdown" in meta and meta.get("requests") and meta["requests"].value > 0:
+            requests = int(meta["requests"].value)
+            if requests not in {r for _, _, r in found}:
+                found.append((meta["cost_breakdown"].value, float(meta["video_s"].value), requests))
+            if len(found) == runs:
+                break
+    return found
+
+
 def job_spec(
-    sampling: SamplingConfig, vlm: VlmSettings, engine: str, model: ModelFiles, prompt_template: str
+    sampling: SamplingConfig,
+    vlm: VlmSettings,
+    engine: str,
+    model: ModelFiles,
+    prompt_template: str,
+    cpu_to_accelerator: float | None = None,
 ) -> JobSpec:
     """The Ray job of a captioning run; a plan vLLM cannot honour, or an engine that cannot run the registered
     version (an endpoint's version on an in-job engine, or weights on the endpoint engine), is a Failure
@@ -143,6 +170,7 @@ def job_spec(
         vllm=vllm_settings.model_dump(),
         warm_idle_s=vlm.warm_engine_idle_s if engine == "transformers" and ray_outlives_steps() else 0.0,
         endpoint=vlm.endpoint(served) if served else {},
+        cpu_to_accelerator=cpu_to_accelerator,
     )
 
 

@@ -135,20 +135,24 @@ def cpu_task_slots(concurrency: int, engines: int) -> int:
     return decode_workers(concurrency, cpus, engines) if cpus else concurrency
 
 
-def decode_slots(spec: JobSpec) -> int:
+def decode_slots(spec: JobSpec, cluster_cpus: float | None = None) -> int:
     """The captioning job's decode tasks: ``cpu_task_slots`` beside transformers actors; beside vLLM, the
-    cluster's CPUs its engines and Ray's CPU stages leave (``vllm_decode_workers``)."""
+    cluster's CPUs its engines and Ray's CPU stages leave (``vllm_decode_workers``), raised to what keeps
+    the engines busy by the calibrated throughput model (``decode_width``: Ray Data scales the tasks
+    that run to the CPUs of the moment, so the pool grows with the cluster up to that width).
+    ``cluster_cpus``: the connected cluster's by default."""
     if spec.vlm_resources or spec.cpu_resources:
         return spec.cpu_concurrency  # pinned stages: the cluster total says nothing
     if spec.engine.name == "vllm":
         from video_assets.core.inference.vllm import VllmSettings
-        from video_assets.core.throughput import vllm_decode_workers
+        from video_assets.core.throughput import decode_width, vllm_decode_workers
 
         settings = VllmSettings(**spec.vllm)
-        cpus = float(ray.cluster_resources().get("CPU", 0))
+        cpus = float(ray.cluster_resources().get("CPU", 0)) if cluster_cpus is None else cluster_cpus
         # Two CPU stages for video (chat template, multimodal parsing), each up to cpu_stage_max_actors.
         stage_actors = 2 * settings.cpu_stage_max_actors
-        return vllm_decode_workers(spec.cpu_concurrency, cpus, settings.concurrency, stage_actors)
+        now = vllm_decode_workers(spec.cpu_concurrency, cpus, settings.concurrency, stage_actors)
+        return decode_width(now, spec.cpu_to_accelerator, settings.concurrency)
     return cpu_task_slots(spec.cpu_concurrency, spec.vlm_concurrency)
 
 

@@ -12,10 +12,18 @@ from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_versions, captioned_ok, split_key
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
+from video_assets.core.throughput import calibrated_cpu_to_accelerator
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR
 from video_assets.defs.common import ACCELERATOR_POOL, CostBreakdown, batch_asset, table_metadata
-from video_assets.defs.engines import engine_name, job_spec, ray_dashboard, resolve_caption_model, run_captioning
+from video_assets.defs.engines import (
+    calibration_runs,
+    engine_name,
+    job_spec,
+    ray_dashboard,
+    resolve_caption_model,
+    run_captioning,
+)
 from video_assets.defs.registry import TINY_WARNING
 
 
@@ -115,7 +123,9 @@ def captions(
     done = captioned_ok(existing, model_version, prompt.version, split_key(config.sampling()))
     good = meta.filter(pl.col("ok"))
     todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
-    spec = job_spec(config.sampling(), vlm, engine, model, prompt.template)
+    # vLLM's decode stage is sized to its engines by the throughput model, calibrated on earlier vLLM batches.
+    ratio = calibrated_cpu_to_accelerator(calibration_runs(context.instance, engine)) if engine == "vllm" else None
+    spec = job_spec(config.sampling(), vlm, engine, model, prompt.template, cpu_to_accelerator=ratio)
     context.log.info(
         f"batch {batch}: {todo.height} videos to caption, {good.height - todo.height} cached, "
         f"{meta.height - good.height} rejected by the probe"
@@ -159,6 +169,7 @@ def captions(
             # Served (the application and its replicas) or in-job engines: what answered this batch.
             "engine_service": MetadataValue.json(stats["service"]),
             **ray_dashboard(ray_cluster),
+            **({"calibrated_cpu_to_accelerator": MetadataValue.float(round(ratio, 3))} if ratio else {}),
             "batches": MetadataValue.int(len(batches)),
             "videos_captioned": MetadataValue.int(todo.height),
             "videos_cached": MetadataValue.int(good.height - todo.height),
