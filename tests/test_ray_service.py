@@ -14,6 +14,7 @@ from dagster import materialize
 from dagster_ray.configs import Lifecycle
 
 from resources import ray_service
+from resources.curation import CurationStore
 from resources.llm import LlmSettings
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_cluster import EmbeddedRay
@@ -27,6 +28,7 @@ from video_assets.core.qa.agent import PLAN_SCHEMA
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.engines import TransformersStructurer
 from video_assets.defs.captioning.assets import captions
+from video_assets.defs.curation.assets import frames
 from video_assets.defs.engines import structure_rows
 from video_assets.defs.models.assets import caption_prompt, vlm_model
 from video_assets.defs.structuring.assets import structured_events
@@ -158,6 +160,24 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(
         assert (after["pid"], after["loads"]) == (engine["pid"], 1) and after["chat_calls"] >= 2
         summaries = pl.read_delta(res["tables"].table_uri("video_summaries")).filter(pl.col("batch_key") == key)
         assert summaries.height == 2 and (summaries["summarizer"] == f"llm:{engine['app']}").all()
+
+        # Curation's frame descriptions on the same replica: every kept frame described there, no other load.
+        res["curation"] = CurationStore(frames_dir=str(tmp_path / "frames"), exports_dir=str(tmp_path / "exports"))
+        result = materialize(
+            [frames, captions, vlm_model, caption_prompt],
+            selection=[frames],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+            run_config={"ops": {"frames": {"config": {"describe": True}}}},
+        )
+        assert result.success
+        meta = result.asset_materializations_for_node("frames")[0].metadata
+        assert meta["describe_engine"].value == f"served application {engine['app']}"
+        kept = pl.read_delta(res["tables"].table_uri("frames")).filter(pl.col("kept"))
+        assert kept.height > 0 and kept["description"].is_not_null().all()
+        [after] = _replicas(address)
+        assert (after["pid"], after["loads"]) == (engine["pid"], 1) and after["described"] == kept.height
 
         # The ask box's LLM (`video-assets serve` with LLM_BASE_URL=captioner): the production version on the
         # same replica, joined from outside a step; a plan constrained to its JSON schema, then prose.

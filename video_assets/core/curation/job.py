@@ -114,11 +114,17 @@ def decode_image(data: bytes) -> np.ndarray:
 
 
 class DescribeStage:
-    """One VLM engine per actor; a call describes the kept frames of a batch of frame rows (one-frame
-    requests on the captioning engine interface) and hands every row on."""
+    """One VLM engine per actor, or (``app``) the caption model's Serve application the actor sends to; a
+    call describes the kept frames of a batch of frame rows (one-frame requests on the captioning engine
+    interface) and hands every row on."""
 
-    def __init__(self, engine: EngineSpec, prompt: str):
-        self.engine = build_engine(engine)
+    def __init__(self, engine: EngineSpec, prompt: str, app: str | None = None):
+        if app is not None:
+            from video_assets.core.serving.captioner import ServedEngine
+
+            self.engine = ServedEngine(app)
+        else:
+            self.engine = build_engine(engine)
         self.prompt = prompt
         self.max_new_tokens = engine.max_new_tokens
         self.node = node_id()
@@ -162,11 +168,12 @@ def curated_rows(
     spec: StageSpec,
     engine: EngineSpec | None = None,
     prompt: str = DEFAULT_DESCRIBE_PROMPT,
+    app: str | None = None,
 ):
     """``videos``: video_id, batch_key, uri, rotation, times (JSON: segment -> caption frame times).
-    Yields one row (``ROW_COLUMNS``) per caption frame; ``engine`` set: kept frames get a description."""
+    Yields one row (``ROW_COLUMNS``) per caption frame; ``engine`` set: kept frames get a description,
+    from ``app`` (the engine's Serve application) when given, else from an engine loaded per actor."""
     if engine is None:
         return stream(videos, decode_and_curate, {"config": config}, None, {}, spec)
-    return stream(
-        videos, decode_and_curate, {"config": config}, DescribeStage, {"engine": engine, "prompt": prompt}, spec
-    )
+    kwargs = {"engine": engine, "prompt": prompt, "app": app}
+    return stream(videos, decode_and_curate, {"config": config}, DescribeStage, kwargs, spec)

@@ -29,6 +29,8 @@ class StageSpec:
     model_num_gpus: float = 0.0
     batch_size: int = 8
     cpu_resources: dict[str, float] = field(default_factory=dict)
+    # 0: the model actors only send to a served model and wait (they hold no engine).
+    model_num_cpus: float = 1.0
 
 
 def stream(
@@ -78,7 +80,7 @@ def _stream_here(
         batch_size=spec.batch_size,
         compute=ray.data.ActorPoolStrategy(size=spec.model_concurrency),
         num_gpus=spec.model_num_gpus or None,
-        num_cpus=1,
+        num_cpus=spec.model_num_cpus,
         **engine_stage_options(),  # a poison batch fails the job after bounded retries, never hangs it
     )
     yield from ds.iter_rows()

@@ -85,6 +85,8 @@ class CaptionerReplica:
             "structure_calls": 0,
             "structured": 0,
             "chat_calls": 0,
+            "describe_calls": 0,
+            "described": 0,
         }
         self.load_s = time.perf_counter() - started
         self.busy = 0
@@ -106,6 +108,13 @@ class CaptionerReplica:
         self.counts["caption_batches"] += 1
         self.counts["captioned"] += len(batch["video_id"])
         return await self._run(caption_batch, self.engine, self.node, batch, prompt, self.max_new_tokens)
+
+    async def describe(self, requests: list) -> list:
+        """Caption requests of any shape on the loaded engine (curation's one-frame descriptions), answered
+        as the engine answers them."""
+        self.counts["describe_calls"] += 1
+        self.counts["described"] += len(requests)
+        return await self._run(self.engine.generate, requests)
 
     async def structure(self, requests: list, batch_size: int) -> list:
         """Structuring requests (``core.structuring.policy``) on this replica's loaded model: the structurer
@@ -366,6 +375,20 @@ class ServedCaptionStage:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         return _retried(lambda: self.handle.caption.remote(batch, self.prompt).result())
+
+
+class ServedEngine:
+    """The captioning engine interface (``generate``) on a caption application, for a Ray Data actor that
+    holds no model (curation's frame descriptions): the replica that captions answers. A replica that dies
+    under a call is replaced by Serve and the call sent again, as ``ServedCaptionStage`` does."""
+
+    def __init__(self, app: str):
+        from ray import serve
+
+        self.handle = serve.get_app_handle(app)
+
+    def generate(self, requests: list) -> list:
+        return _retried(lambda: self.handle.describe.remote(requests).result())
 
 
 class ServedStructurer:

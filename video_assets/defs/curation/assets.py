@@ -28,12 +28,13 @@ from video_assets.core.curation.export import export_frames
 from video_assets.core.curation.job import DEFAULT_DESCRIBE_PROMPT, curated_rows, decode_image
 from video_assets.core.curation.quality import CurationConfig
 from video_assets.core.inference.stages import StageSpec, one_per
+from video_assets.core.serving.captioner import deploy
 from video_assets.core.structuring.usecase import load as load_use_case
 from video_assets.core.tables import CURATED_FRAMES, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CURATION_ERROR
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, stage_asset, table_metadata
-from video_assets.defs.engines import actor_gpus, model_files_of
+from video_assets.defs.engines import actor_gpus, model_files_of, warm_engine_spec
 from video_assets.defs.lineage import lineage_captions, with_sampled_frames
 
 SHEET_VIDEOS = 4  # videos whose frames the contact sheet shows
@@ -78,11 +79,15 @@ def frames(
     are those the captions step last wrote for the batch (lineage)."""
     cfg, prompt = config.curation()
     caps, pair = lineage_captions(context, tables, batch)
-    engine, extra = None, {"image_store": config.image_store}
+    engine, app, extra = None, None, {"image_store": config.image_store}
     if config.describe:
         model, model_version = model_files_of(mlflow_registry, vlm, pair.model_version), pair.model_version
         engine = EngineSpec("transformers", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
         extra |= {"describe_prompt": prompt, "describer": f"{vlm.registered_model}/{model_version}"}
+        # On a Ray that outlives the steps, the caption model's served application describes (loaded once
+        # for captions, structuring, summaries and these); else an engine loaded in the job.
+        if (warm := warm_engine_spec(vlm, model)) is not None:
+            app = deploy(warm)
     version = cfg.version(**extra)
 
     existing = tables.batch(CURATED_FRAMES, batch, SCHEMAS[CURATED_FRAMES])
@@ -101,14 +106,14 @@ def frames(
         f"curated, {skipped} without captioned frames; frames of {sources['sampled_frames']} from sampled_frames, "
         f"{sources['decoded_again']} decoded again"
     )
-    gpus = actor_gpus(vlm, "transformers") if engine is not None else 0.0
-    spec = StageSpec(vlm.cpu_concurrency, vlm.concurrency, gpus, vlm.batch_size)
+    gpus = actor_gpus(vlm, "transformers") if engine is not None and app is None else 0.0
+    spec = StageSpec(vlm.cpu_concurrency, vlm.concurrency, gpus, vlm.batch_size, model_num_cpus=0 if app else 1)
     expected = {v["video_id"]: sum(len(ts) for ts in json.loads(v["times"]).values()) for v in todo}
     started, written, n_frames = time.perf_counter(), 0, 0
     open_video: dict[str, list[dict]] = {}
     pending: list[dict] = []
     sheet: list[tuple[str, list]] = []
-    for row in curated_rows(todo, cfg, spec, engine, prompt):
+    for row in curated_rows(todo, cfg, spec, engine, prompt, app):
         vid = row["video_id"]
         open_video.setdefault(vid, []).append(row)
         n_frames += 1
@@ -142,6 +147,10 @@ def frames(
             "curation_version": MetadataValue.text(version),
             **pair.metadata(),
             "curation_config": MetadataValue.json({**asdict(cfg), **extra}),
+            # What described the kept frames: the caption model's Serve application, an engine in the job, or none.
+            "describe_engine": MetadataValue.text(
+                f"served application {app}" if app else ("in-job transformers" if engine is not None else "none")
+            ),
             "rows_by_reason": MetadataValue.json(reasons),
             "frames_kept": MetadataValue.int(int(out.get_column("kept").sum()) if out.height else 0),
             "videos_curated": MetadataValue.int(len(todo)),
