@@ -499,8 +499,60 @@ def test_the_accelerator_pool_follows_the_clusters_gpus(two_node_cluster, dagste
     assert not any(n["Alive"] and "accelerator_type:H100" in n["Resources"] for n in _alive_nodes(address))
 
 
+class _RecordsItsGpu:
+    """A stand-in archive model actor: records where it started and the GPUs Ray gave it, then passes rows on."""
+
+    def __init__(self, folder: str):
+        import ray
+
+        record = {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
+        Path(folder, f"{os.getpid()}.json").write_text(json.dumps(record))
+
+    def __call__(self, batch):
+        time.sleep(2)  # one row per batch and block: the job lasts until every actor of the pool is up
+        return batch
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_packaged_archive_models_run_four_to_a_gpu(two_node_cluster, tmp_path, monkeypatch):
+    """The archive stages' packaged models (Whisper base, MiniLM, the frame encoder) reserve a quarter GPU per
+    actor: with one GPU in the cluster (a node declaring one logical GPU joins), the stage's four model
+    actors all start on it, sharing GPU 0; at a whole GPU each only one could."""
+    import ray
+
+    from resources.archive import SPEECH, ArchiveSettings
+    from video_assets.core.inference.stages import stream
+    from video_assets.core.throughput import cluster_gpus
+
+    address = two_node_cluster[0]
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    gpu_node = _join_node(address, num_gpus=1, num_cpus=4, resources={"one_gpu": 1})
+    records = tmp_path / "actors"
+    records.mkdir()
+    ray.init(**ray_init_options())
+    try:
+        archive = ArchiveSettings(cache_dir=str(tmp_path / "models"), concurrency=4)
+        spec, device = archive.stage_spec(cluster_gpus(ray.nodes()), batch_size=1, kind=SPEECH)
+        assert (device, spec.model_num_gpus, spec.model_concurrency) == ("cuda", 0.25, 4)
+        rows = list(stream([{"i": i} for i in range(8)], None, {}, _RecordsItsGpu, {"folder": str(records)}, spec))
+        assert sorted(r["i"] for r in rows) == list(range(8))
+        started = [json.loads(p.read_text()) for p in records.iterdir()]
+        gpu_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"] and "one_gpu" in n["Resources"]}
+        assert len(started) == 4 and {r["node"] for r in started} == gpu_ids
+        assert all(r["gpus"] == ["0"] for r in started), started
+    finally:
+        ray.shutdown()
+        _stop_node(gpu_node, address, "one_gpu")
+
+
 def _join_node(
-    address: str, num_gpus: int = 0, resources: dict | None = None, private_tmpfs: Path | None = None, wait=True
+    address: str,
+    num_gpus: int = 0,
+    resources: dict | None = None,
+    private_tmpfs: Path | None = None,
+    wait=True,
+    num_cpus: int = 1,
 ) -> subprocess.Popen:
     """A node joining the cluster now, in a session of its own (``ray start --block``), with a clean
     environment (``private_tmpfs``: an empty tmpfs over that folder, seen by this node's processes only: a
@@ -511,7 +563,7 @@ def _join_node(
         **{k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH") if k in os.environ},
         "RAY_USAGE_STATS_ENABLED": "0",
     }
-    cmd = [RAY, "start", f"--address={address}", "--num-cpus=1", f"--num-gpus={num_gpus}"]
+    cmd = [RAY, "start", f"--address={address}", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"]
     cmd += ["--resources", json.dumps(resources or {}), "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
     cmd.append("--block")
     if private_tmpfs is not None:
