@@ -27,6 +27,12 @@ class StageCosts:
     # its share of the writes; and, with a CPU engine, the stages slowing each other on shared cores.
     per_request_s: float = 0.0
 
+    @property
+    def cpu_to_accelerator(self) -> float:
+        """Decode CPU seconds per engine second (inf without engine time): the CPU:accelerator ratio."""
+        engine_per_video_s = self.engine_s_per_request * self.requests_per_video_s
+        return self.decode_cpu_s_per_video_s / engine_per_video_s if engine_per_video_s else math.inf
+
     @classmethod
     def from_run(cls, cost: dict, video_s: float, requests: int, cpu_workers: int = 1, engines: int = 1) -> StageCosts:
         """Costs from one captions materialisation (its ``cost_breakdown`` metadata, the seconds of video
@@ -36,21 +42,27 @@ class StageCosts:
         return cls.from_runs([(cost, video_s, requests)], cpu_workers, engines)
 
     @classmethod
-    def from_runs(cls, runs: list[tuple[dict, float, int]], cpu_workers: int = 1, engines: int = 1) -> StageCosts:
-        """Costs from several materialisations ``(cost_breakdown, video_s, requests)`` on the same
-        hardware. Stage rates come from their totals; what each run's wall time leaves once its stream
-        is accounted for is split into a fixed part and a per-request part by a least-squares line
-        (two runs of different sizes or more; one run: all fixed, as ``from_run``)."""
+    def stage_rates(cls, runs: list[tuple[dict, float, int]]) -> StageCosts:
+        """The two stages' rates from the totals of ``runs`` ``(cost_breakdown, video_s, requests)``, no fixed
+        costs (what ``from_runs`` fits those on)."""
         if not runs or any(v <= 0 or r <= 0 for _, v, r in runs):
             raise ValueError("a calibration run needs captioned video (video_s > 0, requests > 0)")
         video = sum(v for _, v, _ in runs)
         reqs = sum(r for _, _, r in runs)
-        per_stage = cls(
+        return cls(
             startup_s=0.0,
             decode_cpu_s_per_video_s=sum(c["busy_s"]["decode_cpu"] for c, _, _ in runs) / video,
             engine_s_per_request=sum(c["busy_s"]["generation"] for c, _, _ in runs) / reqs,
             requests_per_video_s=reqs / video,
         )
+
+    @classmethod
+    def from_runs(cls, runs: list[tuple[dict, float, int]], cpu_workers: int = 1, engines: int = 1) -> StageCosts:
+        """Costs from several materialisations ``(cost_breakdown, video_s, requests)`` on the same
+        hardware. Stage rates come from their totals; what each run's wall time leaves once its stream
+        is accounted for is split into a fixed part and a per-request part by a least-squares line
+        (two runs of different sizes or more; one run: all fixed, as ``from_run``)."""
+        per_stage = cls.stage_rates(runs)
         points = [(r, c["wall_s"]["total"] - predict(per_stage, v, cpu_workers, engines).wall_s) for c, v, r in runs]
         startup, per_request = _line(points)
         return cls(
@@ -124,13 +136,13 @@ def decode_width(now: int, cpu_to_accelerator: float | None, engines: int) -> in
 
 
 def calibrated_cpu_to_accelerator(runs: list[tuple[dict, float, int]]) -> float | None:
-    """Decode CPU seconds per engine second over calibration runs ``(cost_breakdown, video_s, requests)``:
-    the ratio ``predict`` reports; None without runs or engine time."""
-    if not runs:
+    """The ratio ``predict`` reports (``StageCosts.cpu_to_accelerator``) calibrated on ``runs``
+    ``(cost_breakdown, video_s, requests)``; None without usable runs or engine time."""
+    try:
+        ratio = StageCosts.stage_rates(runs).cpu_to_accelerator
+    except ValueError:  # no runs, or none that captioned video
         return None
-    decode = sum(c["busy_s"]["decode_cpu"] for c, _, _ in runs)
-    engine = sum(c["busy_s"]["generation"] for c, _, _ in runs)
-    return decode / engine if engine > 0 else None
+    return ratio if math.isfinite(ratio) else None
 
 
 def cluster_gpus(nodes: list[dict], accelerator_type: str | None = None) -> float:
@@ -167,6 +179,6 @@ def predict(costs: StageCosts, video_s: float, cpu_workers: int, engines: int = 
     # Fill/drain: the first item crosses the faster stage before the slower one is busy.
     per_item = faster / max(1.0, requests)
     wall = costs.startup_s + costs.other_s + slower + per_item + costs.per_request_s * requests
-    ratio = decode_total / engine_total if engine_total else math.inf
+    ratio = costs.cpu_to_accelerator if engine_total else math.inf
     best = max(1, math.ceil(engines * ratio)) if math.isfinite(ratio) else 1
     return Prediction(wall, decode_s, engine_s, "decode" if decode_s >= engine_s else "engine", ratio, best)
