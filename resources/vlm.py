@@ -55,9 +55,9 @@ class VlmSettings(ConfigurableResource):
     warm_engine_idle_s: float = Field(
         default=300.0,
         ge=0,
-        description="On a Ray cluster that outlives the step (RAY_ADDRESS, or `video-assets ray up`): the transformers "
-        "caption model is a Ray Serve application whose replicas scale to zero after this many seconds without "
-        "requests (0: engines inside each job instead)",
+        description="On a Ray cluster that outlives the step (RAY_ADDRESS, or `video-assets ray up`): the caption model "
+        "is a Ray Serve application (transformers; vLLM through ray.serve.llm) whose replicas scale to zero after "
+        "this many seconds without requests (0: engines inside each job instead, vLLM's batch mode)",
     )
     endpoint_url: str = Field(
         default="",

@@ -37,7 +37,7 @@ JOB = "batch_pipeline"
 REGISTER_S = 240  # `dagster job execute -j register_model` (about 40 s here)
 SERVER_START_S = 120  # webserver answering /server_info (about 15 s)
 SENSOR_WAIT_S = 75  # sensor interval is 30 s; one tick's listing and hashing, plus slack
-RUN_WAIT_S = 360  # queued -> launched -> every per-batch step (80-150 s on 2 CPUs, more as stages are added)
+RUN_WAIT_S = 600  # queued -> launched -> every per-batch step (80-150 s on 2 CPUs alone; CI runs the vLLM check beside it: 270 s)
 STOP_WAIT_S = 30  # SIGTERM -> SIGKILL
 
 ARTIFACTS = REPO / "artifacts"  # git-ignored; CI collects it

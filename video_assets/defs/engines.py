@@ -168,7 +168,7 @@ def job_spec(
         cpu_resources=dict(vlm.decode_resources),
         vlm_resources=dict(vlm.model_resources),
         vllm=vllm_settings.model_dump(),
-        warm_idle_s=vlm.warm_engine_idle_s if engine == "transformers" and ray_outlives_steps() else 0.0,
+        warm_idle_s=vlm.warm_engine_idle_s if engine in ("transformers", "vllm") and ray_outlives_steps() else 0.0,
         endpoint=vlm.endpoint(served) if served else {},
         cpu_to_accelerator=cpu_to_accelerator,
     )
@@ -179,6 +179,13 @@ def warm_engine_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
     step needs to use the same loaded replica), or None when engines are not served (no Ray that
     outlives the steps)."""
     spec = job_spec(SamplingConfig(), vlm, "transformers", model, "")
+    return spec if spec.warm_idle_s > 0 else None
+
+
+def served_vllm_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
+    """The spec that names the captions step's served vLLM application for ``model`` (structuring on the
+    same engine), or None when vLLM engines are not served (no Ray that outlives the steps, or batch mode)."""
+    spec = job_spec(SamplingConfig(), vlm, "vllm", model, "")
     return spec if spec.warm_idle_s > 0 else None
 
 
@@ -201,6 +208,11 @@ def caption_model_chat(
             allow_retries=False,
         )
     connect_ray()
+    if engine_name(vlm) == "vllm" and (vllm_spec := served_vllm_spec(vlm, files)) is not None:
+        from video_assets.core.serving import llm
+
+        if llm.served(vllm_spec):  # the captions step's vLLM application
+            return llm.ServedLlmChat(vllm_spec, timeout_s)
     spec = warm_engine_spec(vlm, files)
     if spec is None:  # unreachable while ray_outlives_steps() holds
         raise Failure("the caption model is not served on this Ray", allow_retries=False)
@@ -404,10 +416,15 @@ def make_structurer(
     if requested == "vllm" or (requested == "auto" and vllm_importable()):
         gpus = connect_ray() if connect_ray is not None else cluster_gpus()
     if choose_engine_name(settings.engine, gpus=gpus) == "vllm":
+        if warm is not None and warm.engine.name == "vllm" and settings.model == CAPTIONER:
+            from video_assets.core.serving import llm
+
+            if llm.served(warm):
+                return llm.ServedLlmStructurer(warm, settings.batch_size)
         from video_assets.core.structuring.engines import VllmStructurer
 
         return VllmStructurer(settings.vllm_settings(model), files if settings.model == CAPTIONER else None)
-    if warm is not None and settings.model == CAPTIONER:
+    if warm is not None and warm.engine.name == "transformers" and settings.model == CAPTIONER:
         from video_assets.core.serving.captioner import ServedStructurer
 
         return ServedStructurer(warm, settings.batch_size)

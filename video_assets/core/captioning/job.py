@@ -189,7 +189,9 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     import ray.data
 
     ds = decoded_segments(rows, spec)
-    if spec.engine.name == "vllm":
+    if spec.engine.name == "vllm" and spec.warm_idle_s > 0 and (served := _served_vllm(spec)):
+        ds = served(ds)
+    elif spec.engine.name == "vllm":
         from video_assets.core.captioning.vllm_engine import build_vllm_processor_for_job
         from video_assets.core.inference.model_cache import place_on_every_node
 
@@ -238,6 +240,17 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
                 engine_node, asked = vllm_engine_node(), True
             out["engine_node"] = engine_node
         yield out
+
+
+def _served_vllm(spec: JobSpec):
+    """The model stage on ``spec``'s served vLLM application (``core.serving.llm``), deployed first (the
+    engine is up before any batch is sent); None when the engine cannot be served (model not on every node)."""
+    from video_assets.core.serving import llm
+
+    if not llm.served(spec):
+        return None
+    app = llm.deploy(spec)
+    return lambda ds: llm.build_served_processor_for_job(ds, spec, app)
 
 
 def vllm_engine_node() -> str | None:

@@ -17,9 +17,11 @@ from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
 from video_assets.defs.engines import (
     connect_ray,
+    engine_name,
     make_structurer,
     model_files_of,
     ray_dashboard,
+    served_vllm_spec,
     structure_rows,
     structurer_id,
     warm_engine_spec,
@@ -81,7 +83,8 @@ def structured_events(
             warm = None
             if files is not None and served is None and ray_outlives_steps():  # served there: share the captions one
                 connect_ray(context, ray_on_demand)
-                warm = warm_engine_spec(vlm, files)
+                # the captions step's served engine: its vLLM application, or its transformers one
+                warm = (served_vllm_spec if engine_name(vlm) == "vllm" else warm_engine_spec)(vlm, files)
             engine = make_structurer(
                 structurer,
                 files,
