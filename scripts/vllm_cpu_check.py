@@ -29,7 +29,8 @@ CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), 
 6. served by the steps themselves: under the Ray service `video-assets ray up` starts (loopback, the
    instance's token), ``captions`` deploys the caption model as a ``ray.serve.llm`` application and captions
    through its deployment handle (Ray Data LLM's Serve stage), ``structured_events`` structures on the same
-   application, and one replica is started in all (one model load); ``ray down`` leaves no process.
+   application, ``video_summaries`` with ``LLM_BASE_URL=captioner`` chats with it, and one replica is started
+   in all (one model load); ``ray down`` leaves no process.
 
 Everything vLLM's CPU build needs is configuration (each resource's ``vllm`` setting), not code.
 
@@ -469,17 +470,21 @@ def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> di
 def run_served(model: Path, work: Path, num_cpus: int) -> dict:
     """Under a Ray that outlives the steps (the service `video-assets ray up` starts, loopback, with the
     instance's token): ``captions`` deploys the caption model as a ``ray.serve.llm`` application (vLLM's CPU
-    build) and captions through it; ``structured_events`` structures on the same application; one replica
-    started in all (one model load). Stopped by ``ray down`` (its session's processes, by PID)."""
+    build) and captions through it; ``structured_events`` structures and ``video_summaries`` chats on the same
+    application; one replica started in all (one model load). Stopped by ``ray down`` (its session's processes, by PID)."""
     import polars as pl
     from dagster import instance_for_test, materialize
 
     from resources import ray_service
+    from resources.llm import LlmSettings
     from resources.ray_cluster import EmbeddedRay
+    from video_assets.defs.captioning.assets import captions
     from video_assets.defs.ingest.assets import raw_videos, video_metadata
     from video_assets.defs.ingest.registration import register_new_files
     from video_assets.defs.models.assets import caption_prompt, vlm_model
     from video_assets.defs.partitions import video_batches
+    from video_assets.defs.structuring.assets import structured_events
+    from video_assets.defs.summaries.assets import video_summaries
 
     work.mkdir(parents=True, exist_ok=True)
     (work / "volume").mkdir(exist_ok=True)
@@ -514,6 +519,26 @@ def run_served(model: Path, work: Path, num_cpus: int) -> dict:
             t0 = time.perf_counter()
             check(structure(instance, res, key).success, "structured_events on the served vLLM application")
             times["served_structuring_s"] = time.perf_counter() - t0
+            # Summaries with the caption model as their LLM (LLM_BASE_URL=captioner): chat turns to the same
+            # application, named after it.
+            res["llm"] = LlmSettings(base_url="captioner", timeout_s=120)
+            t0 = time.perf_counter()
+            summarized = materialize(
+                [video_summaries, captions, structured_events, vlm_model, caption_prompt],
+                selection=[video_summaries],
+                partition_key=key,
+                instance=instance,
+                resources=res,
+                raise_on_error=False,
+            )
+            times["served_summaries_s"] = time.perf_counter() - t0
+            check(summarized.success, "video_summaries on the served vLLM application")
+            meta = summarized.asset_materializations_for_node("video_summaries")[0].metadata
+            summarizer = f"llm:{service['application']}"
+            check(meta["summarizer"].value == summarizer, f"summaries by {meta['summarizer'].value}, not {summarizer}")
+            check(
+                meta["videos_summarized"].value == len(CLIPS), f"videos summarized: {meta['videos_summarized'].value}"
+            )
             replicas = started_replicas(info["address"], service["application"])
         check(replicas == 1, f"{replicas} replicas of {service['application']} started (one model load expected)")
         caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")

@@ -1,6 +1,7 @@
-"""The operator's flow, driven by the daemon: `dagster dev` runs the webserver and the daemon on a
-temporary instance; files dropped into the volume must become partitions and successful runs through
-the upload sensor alone, and the UI must show the graph, the lineage and the tables' metadata.
+"""The operator's flow, driven by the daemon, as `make ui` starts it: the instance's long-lived local Ray
+(`video-assets ray up`), then `dagster dev` running the webserver and the daemon on a temporary instance;
+files dropped into the volume must become partitions and successful runs through the upload sensor alone,
+and the UI must show the graph, the lineage and the tables' metadata. `ray down` stops the Ray after.
 
 One server per module (started by the ``operator`` fixture), shared by the flow test and the
 browser test. Select these with ``-m operator`` (or ``-m browser`` for the browser test only; every
@@ -163,6 +164,7 @@ class OperatorFlow:
             "PYTHONUNBUFFERED": "1",
         }
         self.server: DagsterDev | None = None
+        self.ray_up = False
         self.instance: DagsterInstance | None = None
         self.expected = batch_asset_keys()
         self.batches: list[dict] = []  # {"key", "run_id", "files"} in the order the sensor made them
@@ -183,6 +185,22 @@ class OperatorFlow:
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         self.timings["register_model"] = time.monotonic() - started
 
+    def start_ray_service(self) -> None:
+        """`video-assets ray up`, as `make ui` does before the server: every step joins this Ray, and the
+        caption model stays loaded between batches (a Serve application)."""
+        started = time.monotonic()
+        up = subprocess.run(
+            [str(BIN / "video-assets"), "ray", "up"],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert up.returncode == 0, f"video-assets ray up failed:\n{up.stdout[-2000:]}\n{up.stderr[-3000:]}"
+        self.ray_up = True
+        self.timings["ray_up"] = time.monotonic() - started
+
     def start_server(self) -> None:
         started = time.monotonic()
         self.server = DagsterDev(self.env, self.root / "dagster_dev.log")
@@ -199,6 +217,16 @@ class OperatorFlow:
             self.server.stop()
         if self.instance is not None:
             self.instance.dispose()
+        if self.ray_up:  # `make ui`'s trap: the service and every process of its session, by PID
+            down = subprocess.run(
+                [str(BIN / "video-assets"), "ray", "down"],
+                cwd=REPO,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert down.returncode == 0, f"video-assets ray down failed:\n{down.stderr[-3000:]}"
 
     # --- uploads and what the daemon makes of them ---------------------------------------------
 
@@ -290,6 +318,7 @@ def operator(tmp_path_factory):
     copy_samples(flow.volume, FIRST_UPLOAD)  # the first upload is waiting when the sensor first ticks
     try:
         flow.register_model()  # the sensor's run captions, which needs the model and prompt registered
+        flow.start_ray_service()
         flow.start_server()
         yield flow
     finally:
@@ -331,6 +360,14 @@ def test_uploads_become_batches_and_runs_through_the_daemon(operator):
         records = operator.materializations(asset, first["key"])
         assert [r.run_id for r in records] == [first["run_id"]], f"{asset.to_user_string()} rematerialised"
     assert [r.run_id for r in operator.runs_for(first["key"])] == [first["run_id"]]
+    # Both runs' steps joined the Ray service: one caption application answered both batches.
+    served = [
+        operator.materializations(AssetKey("captions"), b["key"])[0]
+        .asset_materialization.metadata["engine_service"]
+        .value
+        for b in (first, second)
+    ]
+    assert served[0]["mode"] == "served" and served[1]["application"] == served[0]["application"], served
     meta = pl.read_delta(str(operator.tables / "video_metadata"))
     assert sorted(Path(u).name for u in meta["uri"]) == sorted(FIRST_UPLOAD + SECOND_UPLOAD)
     assert meta["ok"].all()
