@@ -511,11 +511,13 @@ def run_served(model: Path, work: Path, num_cpus: int) -> dict:
             result = caption(instance, res, key)
             times["served_captions_s"] = time.perf_counter() - t0
             check(result.success, "captions on the served vLLM application")
-            service = result.asset_materializations_for_node("captions")[0].metadata["engine_service"].value
+            meta = result.asset_materializations_for_node("captions")[0].metadata
+            service = meta["engine_service"].value
             check(
                 service.get("mode") == "served" and service["application"].startswith("vllm-"),
                 f"captions did not run on a served vLLM application: {service}",
             )
+            check(len(meta["ray_nodes"].value["engine"]) == 1, f"replica node not reported: {meta['ray_nodes'].value}")
             t0 = time.perf_counter()
             check(structure(instance, res, key).success, "structured_events on the served vLLM application")
             times["served_structuring_s"] = time.perf_counter() - t0

@@ -109,3 +109,12 @@ def test_answers_and_error_answers_become_caption_rows():
     assert stage_error["status"] == CAPTION_ERROR and "TimeoutError" in stage_error["error"]
     empty = {**answer, "choices": [{"message": {"content": ""}}]}
     assert llm.caption_result({**segment(), **empty})["error"] == "the served engine answered with no text"
+
+
+def test_enough_callers_to_fill_every_replica():
+    from video_assets.core.inference.vllm import VllmSettings
+
+    gpu = VllmSettings(model_source="/m", max_num_seqs=64, batch_size=64, concurrency=2)
+    assert llm.callers(gpu) == 4  # a batch fills an engine's sequences: two in flight per replica
+    small_batches = VllmSettings(model_source="/m", max_num_seqs=64, batch_size=16, concurrency=1)
+    assert llm.callers(small_batches) == 8

@@ -590,9 +590,9 @@ def serve_config_command(args) -> int:
             engine = engine_name(vlm)
             if engine != "transformers":
                 print(
-                    f"video-assets ray serve-config: VLM_ENGINE resolves to {engine} on this cluster; only the "
-                    "transformers engine is served by this product (docs/scale-out.md: vLLM behind ray.serve.llm "
-                    "is an endpoint, VLM_ENGINE=endpoint)",
+                    f"video-assets ray serve-config: VLM_ENGINE resolves to {engine} on this cluster; a Serve config "
+                    "is written for the transformers engine only (with vLLM the steps deploy its ray.serve.llm "
+                    "application themselves; docs/scale-out.md)",
                     file=sys.stderr,
                 )
                 return 2

@@ -189,8 +189,11 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     import ray.data
 
     ds = decoded_segments(rows, spec)
-    if spec.engine.name == "vllm" and spec.warm_idle_s > 0 and (served := _served_vllm(spec)):
-        ds = served(ds)
+    served_app = _served_vllm(spec) if spec.engine.name == "vllm" and spec.warm_idle_s > 0 else None
+    if served_app is not None:
+        from video_assets.core.serving import llm
+
+        ds = llm.build_served_processor_for_job(ds, spec, served_app)
     elif spec.engine.name == "vllm":
         from video_assets.core.captioning.vllm_engine import build_vllm_processor_for_job
         from video_assets.core.inference.model_cache import place_on_every_node
@@ -237,20 +240,23 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             # Ray's vLLM stage does not say where it ran: its engine actors' node, when there is one. Asked
             # once, at the first answer (the engines are up by then), not once a row.
             if not asked:
-                engine_node, asked = vllm_engine_node(), True
+                engine_node = replica_node(served_app) if served_app else vllm_engine_node()
+                asked = True
             out["engine_node"] = engine_node
         yield out
 
 
-def _served_vllm(spec: JobSpec):
-    """The model stage on ``spec``'s served vLLM application (``core.serving.llm``), deployed first (the
-    engine is up before any batch is sent); None when the engine cannot be served (model not on every node)."""
+def _served_vllm(spec: JobSpec) -> str | None:
+    """``spec``'s served vLLM application (``core.serving.llm``), deployed first (the engine is up before
+    any batch is sent); None when the engine cannot be served (the model folder not on every node)."""
     from video_assets.core.serving import llm
 
-    if not llm.served(spec):
-        return None
-    app = llm.deploy(spec)
-    return lambda ds: llm.build_served_processor_for_job(ds, spec, app)
+    return llm.deploy(spec) if llm.served(spec) else None
+
+
+def _actors_node(actors, is_engine) -> str | None:
+    nodes = {a["Address"]["NodeID"] for a in actors if is_engine(a)}
+    return nodes.pop() if len(nodes) == 1 else None
 
 
 def vllm_engine_node() -> str | None:
@@ -261,7 +267,19 @@ def vllm_engine_node() -> str | None:
         from ray._private import state
 
         actors = state.actors(job_id=ray.get_runtime_context().job_id).values()
-        nodes = {a["Address"]["NodeID"] for a in actors if "vLLMEngineStageUDF" in a["ActorClassName"]}
-        return nodes.pop() if len(nodes) == 1 else None
+        return _actors_node(actors, lambda a: "vLLMEngineStageUDF" in a["ActorClassName"])
+    except Exception:
+        return None
+
+
+def replica_node(app: str) -> str | None:
+    """The Ray node of Serve application ``app``'s live replicas when they all run on one node, else None
+    (the replicas belong to Serve's job, not this one); never fails the job."""
+    try:
+        from ray._private import state
+
+        replica = f"ServeReplica:{app}:"
+        actors = state.actors().values()
+        return _actors_node(actors, lambda a: a["ActorClassName"].startswith(replica) and a["State"] == "ALIVE")
     except Exception:
         return None

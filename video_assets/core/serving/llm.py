@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from typing import Any
 
 from video_assets.core.captioning.batch import JobSpec
@@ -144,9 +145,9 @@ def retire_idle(keep: str) -> list[str]:
     return deleted
 
 
-def build_processor(app: str, batch_size: int, callers: int, preprocess, postprocess):
-    """Ray Data LLM's Serve deployment processor on ``app``'s chat method: ``callers`` actors without a CPU
-    (the replica holds the engine and its CPUs or GPUs), each with up to ``batch_size`` requests in flight;
+def build_processor(app: str, batch_size: int, actors: int, preprocess, postprocess):
+    """Ray Data LLM's Serve deployment processor on ``app``'s chat method: ``actors`` callers without a CPU
+    (the replica holds the engine and its CPUs or GPUs), each sending a batch's ``batch_size`` requests at once;
     a failed request is an error row, a batch whose caller dies is tried as every engine stage's is."""
     from ray.data.llm import ServeDeploymentProcessorConfig
     from ray.data.llm import build_processor as build
@@ -157,7 +158,7 @@ def build_processor(app: str, batch_size: int, callers: int, preprocess, postpro
         app_name=app,
         dtype_mapping={"ChatCompletionRequest": ChatCompletionRequest},
         batch_size=batch_size,
-        concurrency=max(1, callers),
+        concurrency=max(1, actors),
         should_continue_on_error=True,
     )
     processor = build(config, preprocess=preprocess, postprocess=postprocess)
@@ -232,13 +233,19 @@ def caption_request_row(row: dict[str, Any], spec: JobSpec, app: str) -> dict[st
     return {**chat_row(app, payload), ERROR_KEY: ""}
 
 
+def callers(settings: VllmSettings) -> int:
+    """Ray Data actors that send a job's requests: each sends a batch's rows at once, so enough batches in
+    flight to fill every replica's ``max_num_seqs``, twice over so the next is there when one finishes."""
+    return 2 * settings.concurrency * max(1, math.ceil(settings.max_num_seqs / settings.batch_size))
+
+
 def build_served_processor_for_job(ds, spec: JobSpec, app: str):
     """The captions job's model stage on application ``app`` (``caption_request_row`` per segment)."""
     settings = VllmSettings(**spec.vllm)
     processor = build_processor(
         app,
         settings.batch_size,
-        settings.concurrency * settings.max_num_seqs,
+        callers(settings),
         preprocess=functools.partial(caption_request_row, spec=spec, app=app),
         postprocess=caption_result,
     )
