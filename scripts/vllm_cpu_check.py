@@ -410,7 +410,6 @@ def stop_group(proc) -> None:
 
 def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> dict:
     """Steps 5 and 6: the same assets with VLM_ENGINE=endpoint against the server ``start`` runs."""
-    import polars as pl
     from dagster import instance_for_test, materialize
 
     from resources.structurer import StructurerSettings
@@ -452,19 +451,28 @@ def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> di
             t0 = time.perf_counter()
             check(structure(instance, res, key).success, "structured_events through the endpoint")
             times["endpoint_structuring_s"] = time.perf_counter() - t0
-        caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
-        events = pl.read_delta(str(work / "tables" / "structured_events"))
-        check(caps.height >= len(CLIPS), f"{caps.height} caption rows for {len(CLIPS)} clips")
-        for r in caps.iter_rows(named=True):
-            where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
-            check(r["status"] == "ok" and r["engine"] == "endpoint", f"endpoint caption {where}: {r.get('error')}")
-            check(bool((r["prose"] or "").strip()) and r["input_tokens"] > 0, f"endpoint caption {where} empty")
-        check(events.height == caps.height, f"{events.height} structured rows for {caps.height} endpoint captions")
-        for r in events.iter_rows(named=True):
-            check(r["status"] in ("parsed", "retried", "unparsed") and r["raw_output"], f"endpoint structuring {r}")
+        caps, events = captioned_and_structured(work, "endpoint")
     finally:
         stop_group(proc)
     return {"times": times, "captions": caps.to_dicts(), "structured": events.to_dicts()}
+
+
+def captioned_and_structured(work: Path, engine: str):
+    """The caption and structured rows under ``work``, checked: every clip captioned ok by ``engine`` with
+    text and token counts, every caption structured (parsed, retried or unparsed, with a raw output)."""
+    import polars as pl
+
+    caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
+    events = pl.read_delta(str(work / "tables" / "structured_events"))
+    check(caps.height >= len(CLIPS), f"{caps.height} caption rows for {len(CLIPS)} clips")
+    for r in caps.iter_rows(named=True):
+        where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
+        check(r["status"] == "ok" and r["engine"] == engine, f"{engine} caption {where}: {r.get('error')}")
+        check(bool((r["prose"] or "").strip()) and r["input_tokens"] > 0, f"{engine} caption {where} empty")
+    check(events.height == caps.height, f"{events.height} structured rows for {caps.height} {engine} captions")
+    for r in events.iter_rows(named=True):
+        check(r["status"] in ("parsed", "retried", "unparsed") and r["raw_output"], f"{engine} structuring {r}")
+    return caps, events
 
 
 def run_served(model: Path, work: Path, num_cpus: int) -> dict:
@@ -472,7 +480,6 @@ def run_served(model: Path, work: Path, num_cpus: int) -> dict:
     instance's token): ``captions`` deploys the caption model as a ``ray.serve.llm`` application (vLLM's CPU
     build) and captions through it; ``structured_events`` structures and ``video_summaries`` chats on the same
     application; one replica started in all (one model load). Stopped by ``ray down`` (its session's processes, by PID)."""
-    import polars as pl
     from dagster import instance_for_test, materialize
 
     from resources import ray_service
@@ -543,16 +550,7 @@ def run_served(model: Path, work: Path, num_cpus: int) -> dict:
             )
             replicas = started_replicas(info["address"], service["application"])
         check(replicas == 1, f"{replicas} replicas of {service['application']} started (one model load expected)")
-        caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
-        events = pl.read_delta(str(work / "tables" / "structured_events"))
-        check(caps.height >= len(CLIPS), f"{caps.height} caption rows for {len(CLIPS)} clips")
-        for r in caps.iter_rows(named=True):
-            where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
-            check(r["status"] == "ok" and r["engine"] == "vllm", f"served caption {where}: {r.get('error')}")
-            check(bool((r["prose"] or "").strip()) and r["input_tokens"] > 0, f"served caption {where} empty")
-        check(events.height == caps.height, f"{events.height} structured rows for {caps.height} served captions")
-        for r in events.iter_rows(named=True):
-            check(r["status"] in ("parsed", "retried", "unparsed") and r["raw_output"], f"served structuring {r}")
+        caps, events = captioned_and_structured(work, "vllm")
     finally:
         stopped = ray_service.down()
         if home is None:

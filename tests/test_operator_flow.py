@@ -185,21 +185,15 @@ class OperatorFlow:
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         self.timings["register_model"] = time.monotonic() - started
 
-    def start_ray_service(self) -> None:
-        """`video-assets ray up`, as `make ui` does before the server: every step joins this Ray, and the
-        caption model stays loaded between batches (a Serve application)."""
+    def ray_service(self, command: str) -> None:
+        """`video-assets ray up|down` on this instance (`make ui` starts the service before the server and
+        stops it after: every step joins that Ray, and the caption model stays loaded between batches)."""
         started = time.monotonic()
-        up = subprocess.run(
-            [str(BIN / "video-assets"), "ray", "up"],
-            cwd=REPO,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert up.returncode == 0, f"video-assets ray up failed:\n{up.stdout[-2000:]}\n{up.stderr[-3000:]}"
-        self.ray_up = True
-        self.timings["ray_up"] = time.monotonic() - started
+        cmd = [str(BIN / "video-assets"), "ray", command]
+        done = subprocess.run(cmd, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        self.ray_up = command == "up"
+        self.timings[f"ray_{command}"] = time.monotonic() - started
 
     def start_server(self) -> None:
         started = time.monotonic()
@@ -218,15 +212,7 @@ class OperatorFlow:
         if self.instance is not None:
             self.instance.dispose()
         if self.ray_up:  # `make ui`'s trap: the service and every process of its session, by PID
-            down = subprocess.run(
-                [str(BIN / "video-assets"), "ray", "down"],
-                cwd=REPO,
-                env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert down.returncode == 0, f"video-assets ray down failed:\n{down.stderr[-3000:]}"
+            self.ray_service("down")
 
     # --- uploads and what the daemon makes of them ---------------------------------------------
 
@@ -318,7 +304,7 @@ def operator(tmp_path_factory):
     copy_samples(flow.volume, FIRST_UPLOAD)  # the first upload is waiting when the sensor first ticks
     try:
         flow.register_model()  # the sensor's run captions, which needs the model and prompt registered
-        flow.start_ray_service()
+        flow.ray_service("up")
         flow.start_server()
         yield flow
     finally:

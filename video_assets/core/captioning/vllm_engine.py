@@ -165,6 +165,22 @@ def _job_result(row: dict[str, Any]) -> dict[str, Any]:
     return result_row(row, resp.text, resp.input_tokens, resp.output_tokens, resp.latency_s, resp.error)
 
 
+def segment_vllm_row(row: dict[str, Any], prompt: str, settings: VllmSettings) -> dict[str, Any]:
+    """A decoded segment row's caption request as a vLLM row (what the in-job engines and the served
+    application are sent alike); the CPU stage's error row carries Ray's error column, so every stage skips it."""
+    req = CaptionRequest(
+        request_id=f"{row['video_id']}:{row['segment']}",
+        frames=row["frames"],
+        timestamps=[float(t) for t in row["frame_timestamps"]],
+        prompt=prompt,
+        max_new_tokens=settings.max_new_tokens,
+    )
+    out = to_vllm_row(req, settings.max_new_tokens)
+    if error := decode_error(row.get("decode_error")):
+        out = {**out, "messages": [], ERROR_KEY: error}
+    return out
+
+
 def build_vllm_processor_for_job(ds, spec, fetch=None):
     """Apply the vLLM processor to the job's segment rows (video_id, segment, frames, frame_timestamps, ...).
     ``fetch``: as ``build_vllm_processor``'s."""
@@ -172,17 +188,8 @@ def build_vllm_processor_for_job(ds, spec, fetch=None):
     settings = VllmSettings(**spec.vllm)
 
     def _pre(row: dict[str, Any]) -> dict[str, Any]:
-        req = CaptionRequest(
-            request_id=f"{row['video_id']}:{row['segment']}",
-            frames=row["frames"],
-            timestamps=[float(t) for t in row["frame_timestamps"]],
-            prompt=spec.prompt,
-            max_new_tokens=settings.max_new_tokens,
-        )
-        out = to_vllm_row(req, settings.max_new_tokens)
-        if error := decode_error(row.get("decode_error")):  # the CPU stage's error row: Ray's stages skip it
-            out = {**out, "messages": [], ERROR_KEY: error}
-        return out  # the row's frames (JPEGs) go on to the result: the captions step keeps them
+        # The row's frames (JPEGs) go on to the result: the captions step keeps them.
+        return segment_vllm_row(row, spec.prompt, settings)
 
     # A segment's frames as Ray's multimodal stage hands them to the engine: decoded, up to the plan's cap.
     segment_mb = spec.sampling.max_frames * spec.sampling.max_pixels * 3 / 1e6

@@ -238,15 +238,20 @@ def deploy(spec: JobSpec) -> str:
     step, or by a Serve config from ``serve_config``: the name says what it computes, so a running
     application of that name is this model with these settings). The first replica loads the model before
     this returns. No handle here: requests go from Ray workers (``on_worker``, ``ServedCaptionStage``)."""
+    return run_once(app_name(spec), lambda: _application(spec), retire_idle)
+
+
+def run_once(name: str, application, retire) -> str:
+    """Serve application ``name`` (``application()``, bound) deployed unless it runs already, after
+    ``retire(keep=name)`` deleted the idle applications it replaces; no HTTP route. Returns ``name``."""
     from ray import serve
 
-    name = app_name(spec)
     if app_status(name) in LIVE:
         return name
     start_serve()
-    retire_idle(keep=name)
+    retire(keep=name)
     try:
-        serve.run(_application(spec), name=name, route_prefix=None)
+        serve.run(application(), name=name, route_prefix=None)
         return name
     except Exception:
         if app_status(name) in LIVE:  # another step deployed it meanwhile

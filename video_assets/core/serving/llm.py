@@ -27,10 +27,9 @@ import math
 from typing import Any
 
 from video_assets.core.captioning.batch import JobSpec
-from video_assets.core.captioning.requests import CaptionRequest
-from video_assets.core.captioning.rows import decode_error, result_row
+from video_assets.core.captioning.rows import result_row
 from video_assets.core.inference.vllm import ERROR_KEY, VllmSettings, bounded_engine_retries, engine_kwargs
-from video_assets.core.serving.captioner import LIVE, app_status, code_version, start_serve
+from video_assets.core.serving.captioner import app_status, code_version, run_once
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
 APP_PREFIX = "vllm-"
@@ -101,21 +100,10 @@ def llm_config(spec: JobSpec, name: str):
 def deploy(spec: JobSpec) -> str:
     """The name of ``spec``'s vLLM application, deployed unless it runs already (an earlier step's: the
     name says what it computes). The first replica has loaded the model when this returns."""
-    from ray import serve
     from ray.serve.llm import build_llm_deployment
 
     name = app_name(spec)
-    if app_status(name) in LIVE:
-        return name
-    start_serve()
-    retire_idle(keep=name)
-    try:
-        serve.run(build_llm_deployment(llm_config(spec, name)), name=name, route_prefix=None)
-        return name
-    except Exception:
-        if app_status(name) in LIVE:  # another step deployed it meanwhile
-            return name
-        raise
+    return run_once(name, lambda: build_llm_deployment(llm_config(spec, name)), retire_idle)
 
 
 def replicas(name: str) -> int:
@@ -209,19 +197,9 @@ def caption_request_row(row: dict[str, Any], spec: JobSpec, app: str) -> dict[st
     """A decoded segment row's chat request to ``app``: the in-job vLLM engine's messages (the frames as a
     video part) and video metadata (the frames' real times), greedy, at most the job's max_new_tokens. The
     CPU stage's error row, or frames that cannot be sent, become Ray's error row, which the Serve stage skips."""
-    from video_assets.core.captioning.vllm_engine import to_vllm_row
+    from video_assets.core.captioning.vllm_engine import segment_vllm_row
 
-    settings = VllmSettings(**spec.vllm)
-    if error := decode_error(row.get("decode_error")):
-        return {**chat_row(app, {}), ERROR_KEY: error}
-    req = CaptionRequest(
-        request_id=f"{row['video_id']}:{row['segment']}",
-        frames=row["frames"],
-        timestamps=[float(t) for t in row["frame_timestamps"]],
-        prompt=spec.prompt,
-        max_new_tokens=settings.max_new_tokens,
-    )
-    vllm_row = to_vllm_row(req, settings.max_new_tokens)
+    vllm_row = segment_vllm_row(row, spec.prompt, VllmSettings(**spec.vllm))
     if vllm_row[ERROR_KEY]:
         return {**chat_row(app, {}), ERROR_KEY: vllm_row[ERROR_KEY]}
     payload = {
