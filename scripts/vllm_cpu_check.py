@@ -29,8 +29,8 @@ CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), 
 6. served by the steps themselves: under the Ray service `video-assets ray up` starts (loopback, the
    instance's token), ``captions`` deploys the caption model as a ``ray.serve.llm`` application and captions
    through its deployment handle (Ray Data LLM's Serve stage), ``structured_events`` structures on the same
-   application, ``video_summaries`` with ``LLM_BASE_URL=captioner`` chats with it, and one replica is started
-   in all (one model load); ``ray down`` leaves no process.
+   application, ``video_summaries`` with ``LLM_BASE_URL=captioner`` chats with it, ``frames`` describes the
+   kept frames on it, and one replica is started in all (one model load); ``ray down`` leaves no process.
 
 Everything vLLM's CPU build needs is configuration (each resource's ``vllm`` setting), not code.
 
@@ -478,14 +478,17 @@ def captioned_and_structured(work: Path, engine: str):
 def run_served(model: Path, work: Path, num_cpus: int) -> dict:
     """Under a Ray that outlives the steps (the service `video-assets ray up` starts, loopback, with the
     instance's token): ``captions`` deploys the caption model as a ``ray.serve.llm`` application (vLLM's CPU
-    build) and captions through it; ``structured_events`` structures and ``video_summaries`` chats on the same
-    application; one replica started in all (one model load). Stopped by ``ray down`` (its session's processes, by PID)."""
+    build) and captions through it; ``structured_events`` structures, ``video_summaries`` chats and ``frames``
+    describes on the same application; one replica started in all (one model load). Stopped by ``ray down`` (its session's processes, by PID)."""
+    import polars as pl
     from dagster import instance_for_test, materialize
 
     from resources import ray_service
+    from resources.curation import CurationStore
     from resources.llm import LlmSettings
     from resources.ray_cluster import EmbeddedRay
     from video_assets.defs.captioning.assets import captions
+    from video_assets.defs.curation.assets import frames
     from video_assets.defs.ingest.assets import raw_videos, video_metadata
     from video_assets.defs.ingest.registration import register_new_files
     from video_assets.defs.models.assets import caption_prompt, vlm_model
@@ -548,6 +551,24 @@ def run_served(model: Path, work: Path, num_cpus: int) -> dict:
             check(
                 meta["videos_summarized"].value == len(CLIPS), f"videos summarized: {meta['videos_summarized'].value}"
             )
+            # Curation's frame descriptions on the same application: every kept frame described there.
+            res["curation"] = CurationStore(frames_dir=str(work / "frames"), exports_dir=str(work / "exports"))
+            t0 = time.perf_counter()
+            curated = materialize(
+                [frames, captions, vlm_model, caption_prompt],
+                selection=[frames],
+                partition_key=key,
+                instance=instance,
+                resources=res,
+                run_config={"ops": {"frames": {"config": {"describe": True}}}},
+                raise_on_error=False,
+            )
+            times["served_descriptions_s"] = time.perf_counter() - t0
+            check(curated.success, "frames (descriptions) on the served vLLM application")
+            described_by = curated.asset_materializations_for_node("frames")[0].metadata["describe_engine"].value
+            check(described_by == f"served application {service['application']}", f"described by {described_by}")
+            kept = pl.read_delta(str(work / "tables" / "frames")).filter(pl.col("kept"))
+            check(kept.height > 0 and kept["description"].is_not_null().all(), f"kept frames undescribed: {kept}")
             replicas = started_replicas(info["address"], service["application"])
         check(replicas == 1, f"{replicas} replicas of {service['application']} started (one model load expected)")
         caps, events = captioned_and_structured(work, "vllm")

@@ -25,7 +25,7 @@ from video_assets.core.inference.service_runner import on_cluster
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.qa.llm import LlmClient
-from video_assets.core.serving.captioner import ServedChat, engine_service
+from video_assets.core.serving.captioner import ServedChat, deploy, engine_service
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
 from video_assets.core.structuring.versions import StructuringPlan
@@ -187,6 +187,19 @@ def served_vllm_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
     same engine), or None when vLLM engines are not served (no Ray that outlives the steps, or batch mode)."""
     spec = job_spec(SamplingConfig(), vlm, "vllm", model, "")
     return spec if spec.warm_idle_s > 0 else None
+
+
+def served_application(vlm: VlmSettings, model: ModelFiles) -> str | None:
+    """The caption model's Serve application on the Ray that outlives the steps, deployed if it is not: the
+    vLLM one (``ray.serve.llm``) when the captions engine is vLLM and it can be served, else the transformers
+    one; None without such a Ray (then engines load in the job). Ray must be connected."""
+    if engine_name(vlm) == "vllm" and (vllm_spec := served_vllm_spec(vlm, model)) is not None:
+        from video_assets.core.serving import llm
+
+        if llm.served(vllm_spec):
+            return llm.deploy(vllm_spec)
+    warm = warm_engine_spec(vlm, model)
+    return deploy(warm) if warm is not None else None
 
 
 def caption_model_chat(

@@ -120,9 +120,11 @@ class DescribeStage:
 
     def __init__(self, engine: EngineSpec, prompt: str, app: str | None = None):
         if app is not None:
+            from video_assets.core.serving import llm
             from video_assets.core.serving.captioner import ServedEngine
 
-            self.engine = ServedEngine(app)
+            # the caption model's vLLM application (ray.serve.llm), or its transformers one
+            self.engine = llm.ServedLlmEngine(app) if app.startswith(llm.APP_PREFIX) else ServedEngine(app)
         else:
             self.engine = build_engine(engine)
         self.prompt = prompt

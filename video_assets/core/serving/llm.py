@@ -20,6 +20,7 @@ Kept free of Dagster, as ``captioner`` is.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
@@ -202,13 +203,18 @@ def caption_request_row(row: dict[str, Any], spec: JobSpec, app: str) -> dict[st
     vllm_row = segment_vllm_row(row, spec.prompt, VllmSettings(**spec.vllm))
     if vllm_row[ERROR_KEY]:
         return {**chat_row(app, {}), ERROR_KEY: vllm_row[ERROR_KEY]}
-    payload = {
+    return {**chat_row(app, chat_payload(vllm_row)), ERROR_KEY: ""}
+
+
+def chat_payload(vllm_row: dict[str, Any]) -> dict[str, Any]:
+    """A caption request's vLLM row (``vllm_engine.to_vllm_row``) as the chat completion the application
+    takes: the same messages, sampling and video metadata."""
+    return {
         "messages": vllm_row["messages"],
         "max_tokens": int(vllm_row["sampling_params"]["max_tokens"]),
         "temperature": 0.0,
         "mm_processor_kwargs": vllm_row["mm_processor_kwargs"],
     }
-    return {**chat_row(app, payload), ERROR_KEY: ""}
 
 
 def callers(settings: VllmSettings) -> int:
@@ -286,22 +292,57 @@ def _structure_rows(app: str, batch_size: int, items: list[dict]):
 CHAT_MAX_TOKENS = 512  # a chat turn's cap when the caller gives none (as the transformers application's)
 
 
-def _chat_once(app: str, payload: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
-    """One chat completion from ``app``'s LLMServer through a deployment handle (its ``chat`` streams: the
-    first item is the whole answer of a non-streaming request), as a plain dict."""
+def _handle(app: str):
     from ray import serve
+
+    return serve.get_deployment_handle(deployment_name(app), app).options(stream=True)
+
+
+async def _answer(handle, app: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """One chat completion from the LLMServer behind ``handle`` (its ``chat`` streams: the first item is
+    the whole answer of a non-streaming request), as a plain dict."""
     from ray.serve.llm.openai_api_models import ChatCompletionRequest
 
-    handle = serve.get_deployment_handle(deployment_name(app), app).options(stream=True)
+    async for item in handle.chat.remote(ChatCompletionRequest(**{**payload, "model": app})):
+        return item.model_dump() if hasattr(item, "model_dump") else item
+    return {}
 
-    async def first():
-        async for item in handle.chat.remote(ChatCompletionRequest(**{**payload, "model": app})):
-            return item.model_dump() if hasattr(item, "model_dump") else item
-        return {}
 
-    import asyncio
+def _chat_once(app: str, payload: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
+    answer = _answer(_handle(app), app, payload)
+    return asyncio.run(asyncio.wait_for(answer, timeout_s) if timeout_s else answer)
 
-    return asyncio.run(asyncio.wait_for(first(), timeout_s) if timeout_s else first())
+
+class ServedLlmEngine:
+    """The captioning engine interface (``generate``) on a vLLM application, for a Ray Data actor that holds
+    no model (curation's frame descriptions): a call's requests go at once, each a chat turn with the in-job
+    engine's messages and video metadata; a request that fails is its response's error."""
+
+    def __init__(self, app: str):
+        self.app = app
+        self.handle = _handle(app)
+
+    def generate(self, requests: list) -> list:
+        from video_assets.core.captioning.requests import CaptionResponse
+        from video_assets.core.captioning.vllm_engine import to_vllm_row
+        from video_assets.core.inference.endpoint import read_answer
+
+        async def one(req):
+            row = to_vllm_row(req)
+            if row[ERROR_KEY]:
+                return CaptionResponse(req.request_id, "", error=row[ERROR_KEY])
+            try:
+                answer = read_answer(answer_row(await _answer(self.handle, self.app, chat_payload(row))))
+            except Exception as exc:  # a replica that died, a refused request: this frame's error
+                return CaptionResponse(req.request_id, "", error=f"{exc.__class__.__name__}: {exc}")
+            return CaptionResponse(
+                req.request_id, answer.text, answer.input_tokens, answer.output_tokens, 0.0, error=answer.error
+            )
+
+        async def every():
+            return await asyncio.gather(*(one(r) for r in requests))
+
+        return list(asyncio.run(every()))
 
 
 class ServedLlmChat:

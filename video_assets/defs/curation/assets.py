@@ -28,13 +28,12 @@ from video_assets.core.curation.export import export_frames
 from video_assets.core.curation.job import DEFAULT_DESCRIBE_PROMPT, curated_rows, decode_image
 from video_assets.core.curation.quality import CurationConfig
 from video_assets.core.inference.stages import StageSpec, one_per
-from video_assets.core.serving.captioner import deploy
 from video_assets.core.structuring.usecase import load as load_use_case
 from video_assets.core.tables import CURATED_FRAMES, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CURATION_ERROR
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, stage_asset, table_metadata
-from video_assets.defs.engines import actor_gpus, model_files_of, warm_engine_spec
+from video_assets.defs.engines import actor_gpus, model_files_of, served_application
 from video_assets.defs.lineage import lineage_captions, with_sampled_frames
 
 SHEET_VIDEOS = 4  # videos whose frames the contact sheet shows
@@ -86,8 +85,7 @@ def frames(
         extra |= {"describe_prompt": prompt, "describer": f"{vlm.registered_model}/{model_version}"}
         # On a Ray that outlives the steps, the caption model's served application describes (loaded once
         # for captions, structuring, summaries and these); else an engine loaded in the job.
-        if (warm := warm_engine_spec(vlm, model)) is not None:
-            app = deploy(warm)
+        app = served_application(vlm, model)
     version = cfg.version(**extra)
 
     existing = tables.batch(CURATED_FRAMES, batch, SCHEMAS[CURATED_FRAMES])
