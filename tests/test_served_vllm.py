@@ -18,7 +18,7 @@ from video_assets.core.inference.vllm import ERROR_KEY
 from video_assets.core.media import frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.serving import llm
-from video_assets.core.serving.captioner import engine_service
+from video_assets.core.serving.llm import engine_service
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 from video_assets.defs.engines import job_spec
 

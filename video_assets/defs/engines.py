@@ -25,7 +25,8 @@ from video_assets.core.inference.service_runner import on_cluster
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.qa.llm import LlmClient
-from video_assets.core.serving.captioner import ServedChat, deploy, engine_service
+from video_assets.core.serving.captioner import ServedChat, deploy
+from video_assets.core.serving.llm import engine_service
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.policy import structure_captions
 from video_assets.core.structuring.versions import StructuringPlan

@@ -431,21 +431,3 @@ class ServedChat:
 
     def chat(self, messages: list[dict], json_schema: dict | None = None, max_tokens: int | None = None) -> str:
         return on_worker(self.app, "chat", messages, json_schema, int(max_tokens or CHAT_MAX_TOKENS))
-
-
-def engine_service(spec: JobSpec) -> dict:
-    """Where a captions job's engine ran, for its materialisation: an endpoint, the served application and
-    its replicas now, or the job's own engines."""
-    if spec.engine.name == "endpoint":  # the URL and model only: never the key
-        return {"mode": "endpoint", "url": spec.endpoint["url"], "model": spec.endpoint["model"]}
-    if spec.engine.name == "vllm" and spec.warm_idle_s > 0:
-        from video_assets.core.serving import llm
-
-        if llm.served(spec):
-            name = llm.app_name(spec)
-            deployment = llm.deployment_name(name)
-            return {"mode": "served", "application": name, "deployment": deployment, "replicas": llm.replicas(name)}
-    elif spec.warm_idle_s > 0:
-        name = app_name(spec)
-        return {"mode": "served", "application": name, "deployment": DEPLOYMENT, "replicas": replicas(name)}
-    return {"mode": "in-job", "engine": spec.engine.name, "actors": spec.vlm_concurrency}

@@ -381,3 +381,26 @@ class ServedLlmChat:
 
             raise LlmUnavailable(f"the served caption model {self.app} answered with an error: {answer.error}")
         return answer.text
+
+
+def engine_service(spec: JobSpec) -> dict:
+    """Where a captions job's engine ran, for its materialisation: an endpoint, the served application (the
+    vLLM one here, or the transformers one in ``captioner``) and its replicas now, or the job's own engines."""
+    from video_assets.core.serving import captioner
+
+    if spec.engine.name == "endpoint":  # the URL and model only: never the key
+        return {"mode": "endpoint", "url": spec.endpoint["url"], "model": spec.endpoint["model"]}
+    if spec.engine.name == "vllm" and spec.warm_idle_s > 0:
+        if served(spec):
+            name = app_name(spec)
+            return {
+                "mode": "served",
+                "application": name,
+                "deployment": deployment_name(name),
+                "replicas": replicas(name),
+            }
+    elif spec.warm_idle_s > 0:
+        name = captioner.app_name(spec)
+        deployment = captioner.DEPLOYMENT
+        return {"mode": "served", "application": name, "deployment": deployment, "replicas": captioner.replicas(name)}
+    return {"mode": "in-job", "engine": spec.engine.name, "actors": spec.vlm_concurrency}
