@@ -20,11 +20,11 @@ from video_assets.core.serving.captioner import (
     app_name,
     app_status,
     deploy,
-    engine_service,
     replicas,
     serve_config,
     stats,
 )
+from video_assets.core.serving.llm import engine_service
 from video_assets.defs.engines import job_spec
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
