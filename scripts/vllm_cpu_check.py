@@ -26,9 +26,10 @@ CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), 
    through the assets: every segment captioned by the server with the frames as image parts, every caption
    structured with the use case's JSON schema as ``response_format``.
 
-6. served by the steps themselves: under the Ray service `video-assets ray up` starts (loopback, the
-   instance's token), ``captions`` deploys the caption model as a ``ray.serve.llm`` application and captions
-   through its deployment handle (Ray Data LLM's Serve stage), ``structured_events`` structures on the same
+6. served: under the Ray service `video-assets ray up` starts (loopback, the instance's token), the caption
+   model's ``ray.serve.llm`` application deployed from its Serve config (``llm.serve_config``, run by
+   `serve run` as a cluster deploys configs; the steps deploy the same application themselves when none
+   runs), ``captions`` finds it by name and captions through its deployment handle (Ray Data LLM's Serve stage), ``structured_events`` structures on the same
    application, ``video_summaries`` with ``LLM_BASE_URL=captioner`` chats with it, ``frames`` describes the
    kept frames on it, and one replica is started in all (one model load); ``ray down`` leaves no process.
 
@@ -477,8 +478,8 @@ def captioned_and_structured(work: Path, engine: str):
 
 def run_served(model: Path, work: Path, num_cpus: int) -> dict:
     """Under a Ray that outlives the steps (the service `video-assets ray up` starts, loopback, with the
-    instance's token): ``captions`` deploys the caption model as a ``ray.serve.llm`` application (vLLM's CPU
-    build) and captions through it; ``structured_events`` structures, ``video_summaries`` chats and ``frames``
+    instance's token): the caption model's ``ray.serve.llm`` application (vLLM's CPU build) deployed from its
+    Serve config, ``captions`` captions through it; ``structured_events`` structures, ``video_summaries`` chats and ``frames``
     describes on the same application; one replica started in all (one model load). Stopped by ``ray down`` (its session's processes, by PID)."""
     import polars as pl
     from dagster import instance_for_test, materialize
@@ -517,6 +518,11 @@ def run_served(model: Path, work: Path, num_cpus: int) -> dict:
                 materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res).success,
                 "raw_videos, video_metadata (served)",
             )
+            # Deployed as a cluster deploys it (a Serve config, built by Serve's controller from import_path and
+            # args); the captions step finds the application by name and uses it as it is.
+            t0 = time.perf_counter()
+            deployed = deploy_serve_config(res, info["address"], work)
+            times["served_config_deploy_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             result = caption(instance, res, key)
             times["served_captions_s"] = time.perf_counter() - t0
@@ -524,8 +530,8 @@ def run_served(model: Path, work: Path, num_cpus: int) -> dict:
             meta = result.asset_materializations_for_node("captions")[0].metadata
             service = meta["engine_service"].value
             check(
-                service.get("mode") == "served" and service["application"].startswith("vllm-"),
-                f"captions did not run on a served vLLM application: {service}",
+                service.get("mode") == "served" and service["application"] == deployed,
+                f"captions did not run on the Serve config's application {deployed}: {service}",
             )
             check(len(meta["ray_nodes"].value["engine"]) == 1, f"replica node not reported: {meta['ray_nodes'].value}")
             t0 = time.perf_counter()
@@ -581,6 +587,47 @@ def run_served(model: Path, work: Path, num_cpus: int) -> dict:
     check(not ray_service.processes(info["temp_dir"], info.get("pid")), "processes of the Ray service left after down")
     print(f"served: {stopped} service processes stopped")
     return {"times": times, "captions": caps.to_dicts(), "structured": events.to_dicts(), "service": service}
+
+
+def deploy_serve_config(res: dict, address: str, work: Path) -> str:
+    """The Serve config of the spec the captions step computes (``llm.serve_config``), run by Serve's own CLI
+    (`serve run`; `serve deploy` on a cluster with a dashboard): returns its application's name once running."""
+    import subprocess
+
+    import ray
+
+    from resources.settings import embedded_ray_auth
+    from video_assets.core.serving import llm
+    from video_assets.core.serving.captioner import app_status
+    from video_assets.defs.engines import resolve_caption_model, served_vllm_spec
+
+    with embedded_ray_auth():
+        ray.init(address=address)
+        try:
+            model, _, _ = resolve_caption_model(res["mlflow_registry"], res["vlm"])
+            spec = served_vllm_spec(res["vlm"], model)
+            check(spec is not None and llm.served(spec), "the caption model is not servable on the service's Ray")
+            config = llm.serve_config(spec)
+        finally:
+            ray.shutdown()
+        path = work / "serve-config.yaml"
+        path.write_text(json.dumps(config))  # JSON is YAML
+        cmd = [str(Path(sys.executable).parent / "serve"), "run", "--non-blocking", "--address", address, str(path)]
+        ran = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        check(ran.returncode == 0, f"serve run {path}: {ran.stdout[-2000:]}{ran.stderr[-2000:]}")
+        [app] = config["applications"]
+        ray.init(address=address)
+        try:
+            deadline = time.monotonic() + 600
+            while (status := app_status(app["name"])) != "RUNNING" and time.monotonic() < deadline:
+                from ray import serve
+
+                check(status != "DEPLOY_FAILED", f"the Serve config failed: {serve.status().applications}")
+                time.sleep(1)
+            check(status == "RUNNING", f"the Serve config's application is {status} after 600 s")
+        finally:
+            ray.shutdown()
+    return app["name"]
 
 
 def started_replicas(address: str, app: str) -> int:
@@ -644,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['status']} {r['raw_output']!r}")
         llm = run_served(model, work / "served", args.num_cpus)
         out["times"].update(llm["times"])
-        print(f"ray.serve.llm (deployed by the steps) ok: {llm['service']}", flush=True)
+        print(f"ray.serve.llm (deployed from its Serve config) ok: {llm['service']}", flush=True)
         for r in llm["structured"]:
             print(f"  {r['status']} {r['raw_output']!r}")
         print("vLLM CPU check passed", {k: round(v, 1) for k, v in out["times"].items()})

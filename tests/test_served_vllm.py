@@ -118,3 +118,19 @@ def test_enough_callers_to_fill_every_replica():
     assert llm.callers(gpu) == 4  # a batch fills an engine's sequences: two in flight per replica
     small_batches = VllmSettings(model_source="/m", max_num_seqs=64, batch_size=16, concurrency=1)
     assert llm.callers(small_batches) == 8
+
+
+def test_a_serve_config_names_the_application_the_steps_look_for(monkeypatch, tmp_path):
+    """What `video-assets ray serve-config` writes for vLLM: deployed by `serve deploy`, Serve's controller
+    builds it from import_path and args (``llm.build``; run for real in `make test-vllm-cpu` step 6)."""
+    base = spec(monkeypatch, tmp_path)
+    config = json.loads(json.dumps(llm.serve_config(base)))  # what a file round trip keeps
+    assert config["proxy_location"] == "Disabled"  # no HTTP port: handles only
+    [app] = config["applications"]
+    assert (app["name"], app["import_path"], app["route_prefix"]) == (llm.app_name(base), llm.BUILDER, None)
+    rebuilt = llm.spec_from_args(app["args"])
+    assert llm.app_name(rebuilt) == app["name"] and rebuilt.vllm == base.vllm and rebuilt.warm_idle_s == 300.0
+    # An engine setting edited under the old name is refused: a step would take it for the named engine.
+    app["args"]["vllm"]["max_model_len"] = 8192
+    with pytest.raises(ValueError, match="video-assets ray serve-config"):
+        llm.spec_from_args(app["args"])

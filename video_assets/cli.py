@@ -571,6 +571,7 @@ def serve_config_command(args) -> int:
 
     from resources.ray_service import cluster_address, local_ray_address
     from video_assets.core.media.sampling import SamplingConfig
+    from video_assets.core.serving import llm
     from video_assets.core.serving.captioner import serve_config
     from video_assets.defs.engines import engine_name, job_spec, resolve_caption_model
 
@@ -588,11 +589,10 @@ def serve_config_command(args) -> int:
         _join_steps_ray(auth)  # only to ask for its GPUs
         try:
             engine = engine_name(vlm)
-            if engine != "transformers":
+            if engine not in ("transformers", "vllm"):
                 print(
-                    f"video-assets ray serve-config: VLM_ENGINE resolves to {engine} on this cluster; a Serve config "
-                    "is written for the transformers engine only (with vLLM the steps deploy its ray.serve.llm "
-                    "application themselves; docs/scale-out.md)",
+                    f"video-assets ray serve-config: VLM_ENGINE resolves to {engine}: an endpoint is served "
+                    "elsewhere already (VLM_ENDPOINT_URL), there is no model to deploy",
                     file=sys.stderr,
                 )
                 return 2
@@ -602,9 +602,18 @@ def serve_config_command(args) -> int:
                 print(f"video-assets ray serve-config: {exc}", file=sys.stderr)
                 return 2
             spec = job_spec(SamplingConfig(), vlm, engine, model, "")
+            # A vLLM replica opens the model by path wherever Serve starts it: the folder must be on every node.
+            if engine == "vllm" and not llm.served(spec):
+                print(
+                    f"video-assets ray serve-config: the model folder {model.path} is not on every node of this "
+                    "cluster, so a ray.serve.llm replica could not open it: set VLM_CACHE_DIR to a folder every "
+                    "node mounts (the steps fall back to engines inside each job; docs/scale-out.md)",
+                    file=sys.stderr,
+                )
+                return 2
         finally:
             ray.shutdown()
-    config = serve_config(spec)
+    config = llm.serve_config(spec) if engine == "vllm" else serve_config(spec)
     text = (
         f"# Ray Serve config: the caption model {vlm.registered_model} version {pair.model_version} "
         f"({vlm.alias}), written by `video-assets ray serve-config`.\n"

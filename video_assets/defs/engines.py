@@ -190,17 +190,26 @@ def served_vllm_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
     return spec if spec.warm_idle_s > 0 else None
 
 
-def served_application(vlm: VlmSettings, model: ModelFiles) -> str | None:
-    """The caption model's Serve application on the Ray that outlives the steps, deployed if it is not: the
-    vLLM one (``ray.serve.llm``) when the captions engine is vLLM and it can be served, else the transformers
-    one; None without such a Ray (then engines load in the job). Ray must be connected."""
+def served_caption_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
+    """The spec of the caption model's Serve application on the Ray that outlives the steps: the vLLM one
+    (``ray.serve.llm``) when the captions engine is vLLM and it can be served, else the transformers one;
+    None without such a Ray (then engines load in the job). Ray must be connected."""
     if engine_name(vlm) == "vllm" and (vllm_spec := served_vllm_spec(vlm, model)) is not None:
         from video_assets.core.serving import llm
 
         if llm.served(vllm_spec):
-            return llm.deploy(vllm_spec)
-    warm = warm_engine_spec(vlm, model)
-    return deploy(warm) if warm is not None else None
+            return vllm_spec
+    return warm_engine_spec(vlm, model)
+
+
+def served_application(vlm: VlmSettings, model: ModelFiles) -> str | None:
+    """``served_caption_spec``'s application, deployed if it is not; None without a Ray that outlives the steps."""
+    from video_assets.core.serving import llm
+
+    spec = served_caption_spec(vlm, model)
+    if spec is None:
+        return None
+    return llm.deploy(spec) if spec.engine.name == "vllm" else deploy(spec)
 
 
 def caption_model_chat(
@@ -222,14 +231,13 @@ def caption_model_chat(
             allow_retries=False,
         )
     connect_ray()
-    if engine_name(vlm) == "vllm" and (vllm_spec := served_vllm_spec(vlm, files)) is not None:
-        from video_assets.core.serving import llm
-
-        if llm.served(vllm_spec):  # the captions step's vLLM application
-            return llm.ServedLlmChat(vllm_spec, timeout_s)
-    spec = warm_engine_spec(vlm, files)
+    spec = served_caption_spec(vlm, files)
     if spec is None:  # unreachable while ray_outlives_steps() holds
         raise Failure("the caption model is not served on this Ray", allow_retries=False)
+    if spec.engine.name == "vllm":  # the captions step's vLLM application
+        from video_assets.core.serving import llm
+
+        return llm.ServedLlmChat(spec, timeout_s)
     return ServedChat(spec)
 
 

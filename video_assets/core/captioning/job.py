@@ -189,7 +189,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     import ray.data
 
     ds = decoded_segments(rows, spec)
-    served_app = _served_vllm(spec) if spec.engine.name == "vllm" and spec.warm_idle_s > 0 else None
+    served_app = _served_vllm(spec)
     if served_app is not None:
         from video_assets.core.serving import llm
 
@@ -248,7 +248,8 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
 
 def _served_vllm(spec: JobSpec) -> str | None:
     """``spec``'s served vLLM application (``core.serving.llm``), deployed first (the engine is up before
-    any batch is sent); None when the engine cannot be served (the model folder not on every node)."""
+    any batch is sent); None when it is not served (another engine, batch mode, or the model folder not on
+    every node)."""
     from video_assets.core.serving import llm
 
     return llm.deploy(spec) if llm.served(spec) else None

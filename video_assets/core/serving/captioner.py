@@ -295,11 +295,14 @@ def serve_config(spec: JobSpec) -> dict:
     """A Serve config file (``serve deploy`` / ``serve run`` / a RayService's ``serveConfigV2``) holding
     ``spec``'s caption application under the name the steps look for: a step that finds it running uses
     it as it is instead of deploying its own. No HTTP route (handles only)."""
+    return config_file(app_name(spec), BUILDER, spec_args(spec))
+
+
+def config_file(name: str, import_path: str, args: dict) -> dict:
+    """A Serve config of one application built by ``import_path(args)``, HTTP proxy off (handles only)."""
     return {
         "proxy_location": "Disabled",
-        "applications": [
-            {"name": app_name(spec), "route_prefix": None, "import_path": BUILDER, "args": spec_args(spec)}
-        ],
+        "applications": [{"name": name, "route_prefix": None, "import_path": import_path, "args": args}],
     }
 
 

@@ -25,12 +25,15 @@ import functools
 import hashlib
 import json
 import math
+from dataclasses import asdict
 from typing import Any
 
-from video_assets.core.captioning.batch import JobSpec
+from video_assets.core.captioning.batch import EngineSpec, JobSpec
 from video_assets.core.captioning.rows import result_row
+from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import ERROR_KEY, VllmSettings, bounded_engine_retries, engine_kwargs
-from video_assets.core.serving.captioner import app_status, code_version, run_once
+from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.serving.captioner import app_status, code_version, config_file, run_once
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
 APP_PREFIX = "vllm-"
@@ -105,6 +108,54 @@ def deploy(spec: JobSpec) -> str:
 
     name = app_name(spec)
     return run_once(name, lambda: build_llm_deployment(llm_config(spec, name)), retire_idle)
+
+
+BUILDER = f"{__name__}:build"  # a Serve config's import_path
+
+
+def spec_args(spec: JobSpec) -> dict:
+    """What of ``spec`` its application depends on, as plain data (a Serve config's ``args``), with the name
+    it computes: ``build`` refuses args edited under that name."""
+    return {
+        "name": app_name(spec),
+        "model": asdict(spec.engine.model),
+        "vllm": dict(spec.vllm),
+        "idle_s": spec.warm_idle_s,
+    }
+
+
+def build(args: dict):
+    """The application builder a Serve config names (``import_path: ...llm:build``): ``spec_args`` back into
+    the application the steps deploy themselves, so ``serve deploy`` (or a KubeRay RayService) runs exactly
+    it and the steps find it by name."""
+    from ray.serve.llm import build_llm_deployment
+
+    spec = spec_from_args(args)
+    return build_llm_deployment(llm_config(spec, app_name(spec)))
+
+
+def spec_from_args(args: dict) -> JobSpec:
+    """``spec_args`` back into a spec. Args whose settings compute another name than theirs are refused: a
+    step would otherwise take that engine for the one its name says."""
+    spec = JobSpec(
+        sampling=SamplingConfig(),
+        engine=EngineSpec(name="vllm", model=ModelFiles(**args["model"])),
+        prompt="",
+        vllm=dict(args["vllm"]),
+        warm_idle_s=float(args.get("idle_s", 300.0)),
+    )
+    if args.get("name") != (name := app_name(spec)):
+        raise ValueError(
+            f"this Serve config's settings make it application {name}, not {args.get('name')} (edited, or written "
+            "by another version of video-assets): write it again with `video-assets ray serve-config`"
+        )
+    return spec
+
+
+def serve_config(spec: JobSpec) -> dict:
+    """A Serve config file (``serve deploy`` / a RayService's ``serveConfigV2``) holding ``spec``'s vLLM
+    application under the name the steps look for: a step that finds it running uses it as it is."""
+    return config_file(app_name(spec), BUILDER, spec_args(spec))
 
 
 def replicas(name: str) -> int:
@@ -367,8 +418,11 @@ class ServedLlmChat:
 
         from video_assets.core.inference.endpoint import read_answer
 
-        payload: dict[str, Any] = {"messages": messages, "max_tokens": int(max_tokens or CHAT_MAX_TOKENS)}
-        payload["temperature"] = 0.0
+        payload: dict[str, Any] = {
+            "messages": messages,
+            "max_tokens": int(max_tokens or CHAT_MAX_TOKENS),
+            "temperature": 0.0,
+        }
         if json_schema is not None:
             payload["response_format"] = {
                 "type": "json_schema",
