@@ -211,15 +211,15 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
 
         ds = build_endpoint_processor_for_job(ds, spec)
     elif spec.warm_idle_s > 0:
-        from video_assets.core.serving.captioner import IN_FLIGHT, ServedCaptionStage, app_name, deploy
+        from video_assets.core.serving.captioner import IN_FLIGHT, app_name, deploy, served_captions
 
         deploy(spec)  # the first replica is up (the model loaded) before any batch is sent
         ds = ds.map_batches(
-            ServedCaptionStage,
-            fn_constructor_kwargs={"app": app_name(spec), "prompt": spec.prompt},
+            served_captions,
+            fn_kwargs={"app": app_name(spec), "prompt": spec.prompt},
             batch_size=spec.engine.batch_size,
             # Callers without a CPU: they wait on the replicas, which hold the model (and the GPU).
-            compute=ray.data.ActorPoolStrategy(size=max(1, spec.vlm_concurrency) * IN_FLIGHT),
+            concurrency=max(1, spec.vlm_concurrency) * IN_FLIGHT,
             num_cpus=0,
         )
     else:

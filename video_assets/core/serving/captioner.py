@@ -1,7 +1,7 @@
 """The caption model as a Ray Serve application: one loaded engine that captions and structures for
 every step on a Ray that outlives them (`video-assets ray up`, or RAY_ADDRESS's cluster).
 
-    decode tasks (Ray Data) ─► ServedCaptionStage (0-CPU callers) ─► Serve handle ─► CaptionerReplica
+    decode tasks (Ray Data) ─► served_captions (0-CPU caller tasks) ─► Serve handle ─► CaptionerReplica
 
 Serve owns the replicas: it starts one on the first request, routes every step's batches to it, starts
 another when requests queue (up to the job's ``vlm_concurrency``), replaces one that dies, and stops the
@@ -237,7 +237,7 @@ def deploy(spec: JobSpec) -> str:
     """The name of ``spec``'s caption application, deployed unless it runs already (deployed by an earlier
     step, or by a Serve config from ``serve_config``: the name says what it computes, so a running
     application of that name is this model with these settings). The first replica loads the model before
-    this returns. No handle here: requests go from Ray workers (``on_worker``, ``ServedCaptionStage``)."""
+    this returns. No handle here: requests go from Ray workers (``on_worker``, ``served_captions``)."""
     return run_once(app_name(spec), lambda: _application(spec), retire_idle)
 
 
@@ -369,26 +369,26 @@ def _retried(call):
     raise AssertionError("unreachable")
 
 
-class ServedCaptionStage:
-    """The captions job's model stage on a Serve application: a Ray Data actor with no CPU of its own that
-    sends each batch to the application and waits. A replica that dies under a batch is replaced by Serve;
-    the batch is sent again ``VLM_BATCH_RETRIES`` times, then fails and is dropped like any engine stage's
-    (``tolerate_failed_batches``: its segments become error rows)."""
+_HANDLES: dict = {}  # a worker's handles by application: Ray reuses a job's workers for its tasks
 
-    def __init__(self, app: str, prompt: str):
-        from ray import serve
 
-        self.handle = serve.get_app_handle(app)
-        self.prompt = prompt
+def served_captions(batch: dict[str, np.ndarray], app: str, prompt: str) -> dict[str, list]:
+    """The captions job's model stage on a Serve application: a Ray Data task with no CPU of its own that
+    sends a batch to the application and waits. A task, not an actor: it runs in the job's workers that
+    decoded (each new process of a new job costs a start and imports). A replica that dies under a batch
+    is replaced by Serve; the batch is sent again ``VLM_BATCH_RETRIES`` times, then fails and is dropped
+    like any engine stage's (``tolerate_failed_batches``: its segments become error rows)."""
+    from ray import serve
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        return _retried(lambda: self.handle.caption.remote(batch, self.prompt).result())
+    if (handle := _HANDLES.get(app)) is None:
+        handle = _HANDLES[app] = serve.get_app_handle(app)
+    return _retried(lambda: handle.caption.remote(batch, prompt).result())
 
 
 class ServedEngine:
     """The captioning engine interface (``generate``) on a caption application, for a Ray Data actor that
     holds no model (curation's frame descriptions): the replica that captions answers. A replica that dies
-    under a call is replaced by Serve and the call sent again, as ``ServedCaptionStage`` does."""
+    under a call is replaced by Serve and the call sent again, as ``served_captions`` does."""
 
     def __init__(self, app: str):
         from ray import serve
