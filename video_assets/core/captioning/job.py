@@ -164,7 +164,8 @@ def decoded_segments(rows: list[dict], spec: JobSpec):
     default = context.target_max_block_size
     context.target_max_block_size = SEGMENT_BLOCK_BYTES  # a Dataset keeps the context it was created under
     try:
-        ds = ray.data.from_items(rows).repartition(len(rows))  # one video per block: decode spreads wide
+        # One video per block (decode spreads wide), made here: a repartition would be a stage of its own.
+        ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     finally:
         context.target_max_block_size = default
     return ds.flat_map(
