@@ -43,6 +43,9 @@ def segment(n_frames=4, times=TIMES, **extra):
 
 def test_served_on_a_ray_that_outlives_the_steps_unless_in_batch_mode(monkeypatch, tmp_path):
     assert spec(monkeypatch, tmp_path).warm_idle_s == 300.0
+    # What a job ran on is what its rows say (``served_app``), not asked again after it: none named, in-job
+    # (e.g. the model folder was not on every node, so the job fetched it per node instead).
+    assert engine_service(spec(monkeypatch, tmp_path)) == {"mode": "in-job", "engine": "vllm", "actors": 1}
     # batch mode (engines inside each job, the large-backfill shape) and the embedded Ray: not served
     for kept in (spec(monkeypatch, tmp_path, idle=0), spec(monkeypatch, tmp_path, outlives=False)):
         assert kept.warm_idle_s == 0

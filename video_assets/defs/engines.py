@@ -267,6 +267,7 @@ def run_captioning(
     previews: list[tuple[str, int, bytes]] = []  # (uri, frames, JPEG) of the first videos' segment 0
     videos = todo.select("video_id", "batch_key", "uri", "duration_s", "rotation").to_dicts()
     n_rows = 0
+    served_app = None  # the vLLM application the job captioned on, when served (its rows say so)
     # Requests that overlap (vLLM's engine, a server): busy while any is in flight, not their summed latencies.
     overlapping = spec.engine.name in ("vllm", "endpoint")
     in_flight: list[tuple[float, float]] = []  # vLLM: (sent, answered) of each request, as this process saw it
@@ -285,6 +286,7 @@ def run_captioning(
         else:
             log.warning(f"[{n_rows}] {name}: {printable(row['error'])}")
         cpu_s += row.get("decode_s") or 0.0
+        served_app = row.get("served_app") or served_app
         frame_bytes += sum(len(f) for f in row["frames"]) if row.get("frames") is not None else 0
         if overlapping:  # a request's latency, overlapping others: the engine is busy while any is in flight
             done = time.perf_counter()
@@ -326,7 +328,7 @@ def run_captioning(
         "previews": previews,
         "frame_bytes": frame_bytes,
         "screened": screened,
-        "service": engine_service(spec),
+        "service": engine_service(spec, served_app),
     }
 
 

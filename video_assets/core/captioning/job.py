@@ -244,6 +244,8 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
                 engine_node = replica_node(served_app) if served_app else vllm_engine_node()
                 asked = True
             out["engine_node"] = engine_node
+        if served_app:  # what the job ran on, for its materialisation (``llm.engine_service``)
+            out["served_app"] = served_app
         yield out
 
 

@@ -437,21 +437,21 @@ class ServedLlmChat:
         return answer.text
 
 
-def engine_service(spec: JobSpec) -> dict:
+def engine_service(spec: JobSpec, served_app: str | None = None) -> dict:
     """Where a captions job's engine ran, for its materialisation: an endpoint, the served application (the
-    vLLM one here, or the transformers one in ``captioner``) and its replicas now, or the job's own engines."""
+    vLLM one the job's rows name, ``served_app``; the transformers one in ``captioner``) and its replicas
+    now, or the job's own engines."""
     from video_assets.core.serving import captioner
 
     if spec.engine.name == "endpoint":  # the URL and model only: never the key
         return {"mode": "endpoint", "url": spec.endpoint["url"], "model": spec.endpoint["model"]}
-    if spec.engine.name == "vllm" and spec.warm_idle_s > 0:
-        if served(spec):
-            name = app_name(spec)
+    if spec.engine.name == "vllm":
+        if served_app:
             return {
                 "mode": "served",
-                "application": name,
-                "deployment": deployment_name(name),
-                "replicas": replicas(name),
+                "application": served_app,
+                "deployment": deployment_name(served_app),
+                "replicas": replicas(served_app),
             }
     elif spec.warm_idle_s > 0:
         name = captioner.app_name(spec)
