@@ -191,3 +191,17 @@ def test_a_serve_config_deploys_the_application_the_steps_use(local_ray, tiny_mo
     _wait(lambda: app_status(name) == "DEPLOY_FAILED", 180, f"the edited config was not refused: {serve.status()}")
     refused = serve.status().applications[name].deployments["Captioner"].message
     assert "its settings make it" in refused and "video-assets ray serve-config" in refused
+
+
+def test_a_step_uses_the_ray_its_process_already_joined(local_ray):
+    """In a run whose steps share one process (`video-assets demo` under `ray up`: ``execute_in_process``)
+    the run's ``ray_cluster`` resource joined Ray at the start; a step's on-demand Ray resource (structuring
+    on the served caption model) uses that connection instead of a second ``ray.init`` (an error)."""
+    from dagster_ray.configs import Lifecycle
+
+    from resources.ray_cluster import EmbeddedRay
+    from video_assets.defs.engines import connect_ray
+
+    on_demand = EmbeddedRay(lifecycle=Lifecycle(connect=False))
+    assert connect_ray(None, on_demand) == 0.0  # this Ray's GPUs: none
+    assert ray.is_initialized() and not on_demand.connected

@@ -50,8 +50,12 @@ def cluster_gpus() -> float | None:
 
 def connect_ray(context, ray_resource) -> float:
     """Start (or join) Ray through a step's on-demand Ray resource, now that a stage needs it; the cluster's
-    GPU count."""
-    if not ray_resource.connected:
+    GPU count. A Ray this process is connected to already is used as it is: in a run whose steps share one
+    process (`video-assets demo`, ``execute_in_process``) the run's ``ray_cluster`` joined it at the start
+    (the same settings), and ``ray.init`` twice is an error."""
+    import ray
+
+    if not ray_resource.connected and not ray.is_initialized():
         ray_resource.connect(context)
     return cluster_gpus() or 0.0
 
