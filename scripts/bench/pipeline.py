@@ -315,11 +315,11 @@ def rows(clips: list[Path] | None = None, work: Path | None = None) -> list[dict
         {
             "measurement": f"whole batch ({GRAPH_CLIPS} clips, every per-batch asset): warm vs cold, run wall",
             "ours_s": graph[True]["wall_s"],
-            "baseline": "cold: a Ray per step",
+            "baseline": "cold: the run embeds its own Ray",
             "baseline_s": graph[False]["wall_s"],
             "ratio": graph[True]["wall_s"] / graph[False]["wall_s"],
             "target": "<= 1 (never slower)",
-            "note": f"{len(graph[True]['steps'])} steps; warm's slowest: "
+            "note": f"in one process, as video-assets demo runs it; {len(graph[True]['steps'])} steps; warm's slowest: "
             + ", ".join(f"{k} {v:.1f}s" for k, v in slowest),
         }
     )
