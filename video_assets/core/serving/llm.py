@@ -303,38 +303,26 @@ class ServedLlmStructurer:
 
     def generate(self, requests: list) -> list:
         from video_assets.core.inference.service_runner import on_cluster
-        from video_assets.core.structuring.engines import REQUEST_KEY, StructureResponse, structure_payload
+        from video_assets.core.structuring.engines import REQUEST_KEY, answered, structure_payload
 
         if not requests:
             return []
         items = [{REQUEST_KEY: q.request_id, **chat_row(self.app, structure_payload(self.app, q))} for q in requests]
-        by_id = {}
-        for row in on_cluster(_structure_rows, self.app, self.batch_size, items):
-            rid = str(row.get(REQUEST_KEY, ""))
-            by_id[rid] = StructureResponse(rid, row["text"], row["output_tokens"], row["latency_s"], row["error"])
-        missing = "no answer from the served engine after every try (see the Ray logs)"
-        return [by_id.get(q.request_id, StructureResponse(q.request_id, "", error=missing)) for q in requests]
+        rows = on_cluster(_structure_rows, self.app, self.batch_size, items)
+        return answered(requests, rows, "no answer from the served engine after every try (see the Ray logs)")
 
 
 def _structure_rows(app: str, batch_size: int, items: list[dict]):
+    """The requests' answer rows as an endpoint's (``answer_row``), each with its request id."""
     import ray
 
-    from video_assets.core.inference.endpoint import read_answer
     from video_assets.core.inference.retries import tolerate_failed_batches
     from video_assets.core.structuring.engines import REQUEST_KEY
 
     def _post(row: dict[str, Any]) -> dict[str, Any]:
-        if row.get("shaped"):  # Ray's error rows bypass the postprocess: this runs again after it
+        if "http_response" in row:  # Ray's error rows bypass the postprocess: this runs again after it
             return row
-        answer = read_answer(answer_row(row))
-        return {
-            "shaped": True,
-            REQUEST_KEY: row[REQUEST_KEY],
-            "text": answer.text,
-            "output_tokens": answer.output_tokens,
-            "latency_s": answer.latency_s,
-            "error": answer.error,
-        }
+        return {REQUEST_KEY: row[REQUEST_KEY], **answer_row(row)}
 
     processor = build_processor(app, batch_size, batch_size, preprocess=lambda row: row, postprocess=_post)
     yield from tolerate_failed_batches(processor(ray.data.from_items(items)).map(_post)).take_all()
@@ -445,15 +433,14 @@ def engine_service(spec: JobSpec, served_app: str | None = None) -> dict:
 
     if spec.engine.name == "endpoint":  # the URL and model only: never the key
         return {"mode": "endpoint", "url": spec.endpoint["url"], "model": spec.endpoint["model"]}
-    if spec.engine.name == "vllm":
-        if served_app:
-            return {
-                "mode": "served",
-                "application": served_app,
-                "deployment": deployment_name(served_app),
-                "replicas": replicas(served_app),
-            }
-    elif spec.warm_idle_s > 0:
+    if served_app:  # the vLLM application the job's rows name
+        return {
+            "mode": "served",
+            "application": served_app,
+            "deployment": deployment_name(served_app),
+            "replicas": replicas(served_app),
+        }
+    if spec.engine.name == "transformers" and spec.warm_idle_s > 0:
         name = captioner.app_name(spec)
         deployment = captioner.DEPLOYMENT
         return {"mode": "served", "application": name, "deployment": deployment, "replicas": captioner.replicas(name)}

@@ -203,18 +203,25 @@ class EndpointStructurer:
         self.name = f"endpoint {self.endpoint.url} ({self.endpoint.model})"
 
     def generate(self, requests: list[StructureRequest]) -> list[StructureResponse]:
-        from video_assets.core.inference.endpoint import read_answer
-
         if not requests:
             return []
         items = [
             {REQUEST_KEY: q.request_id, "request_json": json.dumps(structure_payload(self.endpoint.model, q))}
             for q in requests
         ]
-        by_id = {}
-        for row in on_cluster(_endpoint_rows, self.endpoint, items):
-            answer = read_answer(row)
-            rid = str(row.get(REQUEST_KEY, ""))
-            by_id[rid] = StructureResponse(rid, answer.text, answer.output_tokens, answer.latency_s, answer.error)
-        missing = "no answer from the endpoint after every try (see the Ray logs)"
-        return [by_id.get(q.request_id, StructureResponse(q.request_id, "", error=missing)) for q in requests]
+        rows = on_cluster(_endpoint_rows, self.endpoint, items)
+        return answered(requests, rows, "no answer from the endpoint after every try (see the Ray logs)")
+
+
+def answered(requests: list[StructureRequest], rows, missing: str) -> list[StructureResponse]:
+    """One response per request, in order, from a chat job's answer rows keyed by ``REQUEST_KEY`` (an OpenAI
+    answer, an error answer or Ray's error row, as ``inference.endpoint.read_answer`` reads them); a request
+    no row answered gets ``missing`` as its error (its batch failed every try)."""
+    from video_assets.core.inference.endpoint import read_answer
+
+    by_id = {}
+    for row in rows:
+        answer = read_answer(row)
+        rid = str(row.get(REQUEST_KEY, ""))
+        by_id[rid] = StructureResponse(rid, answer.text, answer.output_tokens, answer.latency_s, answer.error)
+    return [by_id.get(q.request_id, StructureResponse(q.request_id, "", error=missing)) for q in requests]
