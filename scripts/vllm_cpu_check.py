@@ -595,6 +595,7 @@ def deploy_serve_config(res: dict, address: str, work: Path) -> str:
     import subprocess
 
     import ray
+    from ray import serve
 
     from resources.settings import embedded_ray_auth
     from video_assets.core.serving import llm
@@ -620,8 +621,6 @@ def deploy_serve_config(res: dict, address: str, work: Path) -> str:
         try:
             deadline = time.monotonic() + 600
             while (status := app_status(app["name"])) != "RUNNING" and time.monotonic() < deadline:
-                from ray import serve
-
                 check(status != "DEPLOY_FAILED", f"the Serve config failed: {serve.status().applications}")
                 time.sleep(1)
             check(status == "RUNNING", f"the Serve config's application is {status} after 600 s")
