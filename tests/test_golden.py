@@ -86,3 +86,40 @@ def test_golden_set_asset_writes_delta(instance, resources):
             expected_counts[r.verdict] = expected_counts.get(r.verdict, 0) + 1
     mat = instance.get_latest_materialization_event(AssetKey("golden_set")).asset_materialization
     assert mat.metadata["verdict_counts"].value == expected_counts
+
+
+def test_a_stored_review_label_outside_its_clip_never_replaces_the_shipped_one(instance, resources):
+    """Issue 44: a label with events at 5,000-80,000 s on a 4 s clip replaced the shipped golden label. One
+    saved before the service checked times is left out of golden_set (its video's duration from
+    video_metadata); a label inside the clip still replaces the shipped one."""
+    from datetime import UTC, datetime
+
+    from tests.fixtures.samples import clip
+    from video_assets.core.review.labels import label_input, label_row
+    from video_assets.core.structuring.usecase import load
+    from video_assets.core.tables import REVIEW_LABELS, VIDEO_METADATA, to_arrow
+
+    tables, now = resources["tables"], datetime.now(UTC)
+    records, _ = load_labels(LABELS)
+    shipped = {r.file: r for r in records}
+    short, other = shipped["carphone_distorted.mp4"], shipped["chaplin.mp4"]  # 4.0 s and 9.6 s, both "none"
+    meta = [
+        probe(str(clip(r.file))).as_row() | {"video_id": r.sha256, "batch_key": "b1", "uri": r.file, "probed_at": now}
+        for r in (short, other)
+    ]
+    tables.merge(VIDEO_METADATA, to_arrow(VIDEO_METADATA, meta), ["video_id"])
+    event = {"actor": "person", "action": "lift", "object": "kettle"}
+    labels = []
+    for r, start, end, label_id in ((short, 5000.0, 80000.0, "forged-01"), (other, 1.0, 2.0, "fits-001")):
+        item = {"item_id": "0" * 16, "video_id": r.sha256, "segment": 0, "use_case": "object_handling"}
+        item |= {"model_version": "1", "prompt_version": 1, "use_case_version": "u1", "structurer": "s"}
+        body = {"label_id": label_id, "item_id": item["item_id"], "action": "save", "reviewer": "eve"}
+        body |= {"verdict": "confirmed", "events": [{"start_s": start, "end_s": end, **event}]}
+        labels.append(label_row(item | {"uri": r.file}, label_input(load("object_handling")).model_validate(body), now))
+    tables.merge(REVIEW_LABELS, to_arrow(REVIEW_LABELS, labels), ["label_id"])
+    assert materialize([golden_set], instance=instance, resources=resources).success
+    rows = {r["file"]: r for r in pl.read_delta(tables.table_uri("golden_set")).to_dicts()}
+    kept = rows["carphone_distorted.mp4"]
+    assert (kept["source"], kept["verdict"], kept["events"]) == ("shipped", "none", [])
+    fits = rows["chaplin.mp4"]
+    assert (fits["source"], fits["verdict"], fits["label_id"]) == ("reviewed", "confirmed", "fits-001")

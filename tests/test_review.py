@@ -18,6 +18,8 @@ from video_assets.core.review.labels import (
     golden_with_reviews,
     label_input,
     label_row,
+    labels_outside_clips,
+    outside_clip,
 )
 from video_assets.core.review.queue import item_id, ranked
 from video_assets.core.structuring.usecase import load
@@ -122,6 +124,28 @@ def test_a_label_is_validated_by_the_use_cases_own_schema_and_says_what_the_pers
         label_input(uc).model_validate(
             {"label_id": "abcdefgh", "item_id": item["item_id"], "action": "skip", "reviewer": "a", "verdict": "none"}
         )
+
+
+def test_event_times_are_numbers_inside_the_clip():
+    """Issue 44: times of 5,000-80,000 s on a 4 s clip, strings and booleans were accepted as a label."""
+    item = ranked(frame(REVIEW_QUEUE, [queue_row("v", "suspected", 0.3, [EVENT])]), UC)[0]
+    model = label_input(load(UC))
+    base = {"label_id": "abcdefgh", "item_id": item["item_id"], "action": "save", "reviewer": "ann"}
+    for start, end in (("0", "1.5"), (0.0, "1.5"), (False, True), (0, True), (None, 1.0)):
+        body = json.dumps(base | {"verdict": "confirmed", "events": [EVENT | {"start_s": start, "end_s": end}]})
+        with pytest.raises(ValidationError) as exc:
+            model.model_validate_json(body)
+        assert "events.0." in str(exc.value), (start, end)
+    fine = model.model_validate_json(json.dumps(base | {"verdict": "confirmed", "events": [EVENT | {"end_s": 4}]}))
+    assert fine.events[0].end_s == 4.0  # an integer is a number
+    # Inside a 4 s clip, up to its end and a little tolerance; the first field outside is named.
+    assert outside_clip(fine.events, 4.0) is None and outside_clip([EVENT | {"end_s": 4.3}], 4.0) is None
+    far = [EVENT, EVENT | {"start_s": 5000.0, "end_s": 80000.0}]
+    assert outside_clip(far, 4.0) == "events[1].start_s: 5000 s is outside the clip (0-4 s)"
+    assert outside_clip([EVENT | {"end_s": 80000.0}], 4.0) == "events[0].end_s: 80000 s is outside the clip (0-4 s)"
+    # Stored labels are judged too (saved before the check): only where the video's duration is known.
+    rows = [{"label_id": "a", "video_id": "v", "events": far}, {"label_id": "b", "video_id": "w", "events": far}]
+    assert labels_outside_clips(rows, {"v": 4.0, "w": None}) == {"a": outside_clip(far, 4.0)}
 
 
 def test_reviewed_labels_join_the_golden_set_replacing_and_listing_what_they_contradict():

@@ -343,10 +343,21 @@ def test_review_queue_and_who_may_write(server):
         ({}, good | {"reviewer": "<script>"}, 422),
         ({}, good | {"item_id": "f" * 16}, 404),
     ]
+    # Issue 44: times far past the clip's end (9.6 s, probed from its file), strings and booleans.
+    event = good["events"][0]
+    times = [
+        ({"start_s": 5000.0, "end_s": 80000.0}, "events[0].start_s"),
+        ({"end_s": 80000.0}, "events[0].end_s"),
+        ({"start_s": "0", "end_s": "1.5"}, "events.0.start_s"),
+        ({"start_s": False, "end_s": True}, "events.0.start_s"),
+    ]
+    refused += [({}, good | {"events": [event | t]}, 422) for t, _ in times]
     for headers, body, code in refused:
         status, answer = post_label(server, body, **headers)
         assert status == code, (headers, status, answer)
         assert answer["detail"] and server["token"] not in json.dumps(answer)
+    for t, field in times:
+        assert field in json.dumps(post_label(server, good | {"events": [event | t]})[1]), t
     # Nothing was written by any of them.
     assert json.loads(get(f"{url}/api/review/labels?use_case=object_handling")[2])["count"] == 0
 

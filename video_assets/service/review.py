@@ -6,7 +6,9 @@ Reads are open like the rest of the service (it binds 127.0.0.1 by default). A w
   once, mode 0600, never logged): 401 without it, 503 when the service has none;
 - a same-origin request: a browser's ``Sec-Fetch-Site`` other than same-origin, or an ``Origin`` that is not
   this service, is refused (403); the body must be JSON (415), so a plain cross-site form cannot post;
-- a body valid under the use case's own schema (422 with the reason), naming an item in the queue (404).
+- a body valid under the use case's own schema (422 with the reason), naming an item in the queue (404),
+  with event times inside the clip (its duration from video_metadata, else probed from the file; 422 naming
+  the field, or when the duration cannot be known).
 A save is one Delta commit before the answer (nothing is lost once the page says saved); the row is keyed
 by the page's submission id, so a double submit leaves one label.
 """
@@ -17,11 +19,18 @@ import hmac
 from datetime import UTC, datetime
 from pathlib import Path
 
+import polars as pl
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, PlainTextResponse
 from pydantic import ValidationError
 
-from video_assets.core.review.labels import export_jsonl, golden_with_reviews, label_input, label_row
+from video_assets.core.review.labels import (
+    export_jsonl,
+    golden_with_reviews,
+    label_input,
+    label_row,
+    outside_clip,
+)
 from video_assets.core.review.queue import ranked
 from video_assets.core.structuring import usecase
 from video_assets.core.tables import (
@@ -30,6 +39,7 @@ from video_assets.core.tables import (
     REVIEW_LABELS,
     REVIEW_QUEUE,
     SCHEMAS,
+    VIDEO_METADATA,
     to_arrow,
 )
 from video_assets.core.uploads.discovery import printable
@@ -87,6 +97,26 @@ def _may_write(request: Request) -> None:
         raise HTTPException(415, "the body must be application/json")
 
 
+def _duration(request: Request, tables, item: dict) -> float | None:
+    """Seconds of the item's video: probed by the pipeline (video_metadata), else probed here from the
+    registered file; None when neither can say."""
+    meta = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA], where=pl.col("video_id") == item["video_id"])
+    known = [d for d in meta.get_column("duration_s").to_list() if d is not None] if not meta.is_empty() else []
+    if known:
+        return float(known[0])
+    uri = item.get("uri")
+    if not uri:
+        return None
+    from video_assets.core.media.probe import probe
+
+    volume = getattr(request.app.state, "volume", None)
+    try:
+        with volume.open(uri) if volume is not None else open(uri.removeprefix("file://"), "rb") as stream:
+            return probe(stream).duration_s
+    except (OSError, ValueError):
+        return None
+
+
 @router.get("/review", include_in_schema=False)
 def page() -> FileResponse:
     return FileResponse(PAGE, media_type="text/html")
@@ -133,6 +163,12 @@ async def save_label(request: Request, use_case: str) -> dict:
     item = next((i for i in every if i["item_id"] == label.item_id), None)
     if item is None:
         raise HTTPException(404, f"no review item {label.item_id} in use case {use_case}")
+    if label.events:  # a label replaces the shipped one: its times must be times of this clip
+        duration = _duration(request, tables, item)
+        if duration is None:
+            raise HTTPException(422, "body: the clip's duration is unknown, so its event times cannot be checked")
+        if why := outside_clip(label.events, duration):
+            raise HTTPException(422, f"body: {why}")
     row = label_row(item, label, datetime.now(UTC))
     # One commit, keyed by the submission id: a repeated submit that raced past the check above still
     # leaves one row (the first; update=False).

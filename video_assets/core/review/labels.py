@@ -3,7 +3,8 @@
 A label is the person's answer for the whole video under one use case (its verdict, and its events in
 seconds of the video), given while looking at one review_queue item. ``decision``: ``confirmed`` (the same
 verdict and events the model gave), ``corrected`` (anything else) or ``skipped`` (no answer: the item moves
-to the end of the queue). Every field is validated with the use case's own bounds (``usecase.output_model``).
+to the end of the queue). Every field is validated with the use case's own bounds (``usecase.output_model``);
+event times must be JSON numbers (not strings or booleans) within the clip (``outside_clip``).
 
 The golden set of a use case is its shipped labels (``golden.jsonl``) plus the reviewed ones: per video the
 latest reviewed label wins over a shipped one (and says so: ``replaces_shipped``); labels of the same video
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Literal
@@ -28,6 +30,9 @@ from video_assets.core.vocabulary import Verdict
 CONFIRMED, CORRECTED, SKIPPED = "confirmed", "corrected", "skipped"
 SHIPPED, REVIEWED = "shipped", "reviewed"
 EVENT_FIELDS = ("start_s", "end_s", "actor", "action", "object")
+# An event may end this far past the clip's probed duration (a player's last frame and the container's
+# duration differ by a frame or two); further is a typo or a forged time.
+CLIP_TOLERANCE_S = 0.5
 
 
 class _LabelIn(BaseModel):
@@ -57,12 +62,38 @@ class _LabelIn(BaseModel):
 def label_input(uc: UseCase) -> type[_LabelIn]:
     """The request model of ``uc``: events of its own shape and bounds (text length, count, seconds)."""
     structured = output_model(uc)
-    event = structured.model_fields["events"].annotation.__args__[0]
+    shaped = structured.model_fields["events"].annotation.__args__[0]
+    # Strict: a time is a number; "5" or true would otherwise be coerced into one.
+    seconds = (float, Field(ge=0, le=uc.max_seconds, strict=True, allow_inf_nan=False))
+    event = create_model(f"{uc.name}_label_event", __base__=shaped, start_s=seconds, end_s=seconds)
     return create_model(
         f"{uc.name}_label",
         __base__=_LabelIn,
         events=(list[event], Field(default=[], max_length=uc.max_events)),
     )
+
+
+def outside_clip(events, duration_s: float) -> str | None:
+    """Why ``events`` (dicts or models with ``start_s``/``end_s``) do not fit a clip of ``duration_s``
+    seconds, naming the first field that does not (``events[i].end_s``); None when they all do."""
+    limit = duration_s + CLIP_TOLERANCE_S
+    for i, e in enumerate(events or []):
+        for name in ("start_s", "end_s"):
+            t = e[name] if isinstance(e, dict) else getattr(e, name)
+            if not math.isfinite(t) or not 0 <= t <= limit:
+                return f"events[{i}].{name}: {t:g} s is outside the clip (0-{duration_s:g} s)"
+    return None
+
+
+def labels_outside_clips(labels: list[dict], durations: dict[str, float | None]) -> dict[str, str]:
+    """label_id -> why, for the review_labels rows whose events do not fit their video's duration
+    (``durations``: video_id -> seconds; a video of unknown duration is not judged)."""
+    out = {}
+    for r in labels:
+        duration = durations.get(r["video_id"])
+        if duration is not None and (why := outside_clip(r.get("events"), duration)):
+            out[r["label_id"]] = why
+    return out
 
 
 def _events(events) -> list[dict]:

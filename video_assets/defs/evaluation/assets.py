@@ -23,8 +23,16 @@ from video_assets.core.charts import markdown_image
 from video_assets.core.evaluation.golden import golden_rows as label_rows
 from video_assets.core.evaluation.golden import label_files, load_labels
 from video_assets.core.previews import markdown_table
-from video_assets.core.review.labels import REVIEWED, golden_with_reviews
-from video_assets.core.tables import EVAL_SCORES, GOLDEN_SET, REVIEW_LABELS, SCHEMAS, STRUCTURED_EVENTS, to_arrow
+from video_assets.core.review.labels import REVIEWED, golden_with_reviews, labels_outside_clips
+from video_assets.core.tables import (
+    EVAL_SCORES,
+    GOLDEN_SET,
+    REVIEW_LABELS,
+    SCHEMAS,
+    STRUCTURED_EVENTS,
+    VIDEO_METADATA,
+    to_arrow,
+)
 from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadata
 from video_assets.defs.engines import structurer_id
 from video_assets.defs.lineage import upstream_pair
@@ -42,6 +50,13 @@ from video_assets.defs.scoring import evaluate_candidate
 def golden_set(context: AssetExecutionContext, tables: DeltaTables) -> MaterializeResult:
     rows, versions, conflicts = [], {}, []
     reviewed = tables.read(REVIEW_LABELS, SCHEMAS[REVIEW_LABELS]).to_dicts()
+    # A label whose events fall outside its clip (saved before the service checked) never replaces one.
+    videos = sorted({r["video_id"] for r in reviewed})
+    meta = tables.read(VIDEO_METADATA, SCHEMAS[VIDEO_METADATA], where=pl.col("video_id").is_in(videos))
+    outside = labels_outside_clips(reviewed, dict(meta.select("video_id", "duration_s").iter_rows()))
+    for label_id, why in sorted(outside.items()):
+        context.log.warning(f"review label {label_id} not used: {why}")
+    reviewed = [r for r in reviewed if r["label_id"] not in outside]
     for use_case, path in label_files().items():
         try:
             records, shipped_version = load_labels(path)
