@@ -180,3 +180,10 @@ def _reload_ray_auth() -> None:
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
+
+
+def service_allowed_hosts() -> list[str]:
+    """Names the search service answers to besides its bind address and localhost: VIDEO_SERVICE_ALLOWED_HOSTS,
+    comma-separated (archive.example.com, or *.example.com for its subdomains), for a service reached by a
+    name or through a proxy; a request with any other Host header is refused with 400 (DNS rebinding)."""
+    return [h.strip() for h in os.environ.get("VIDEO_SERVICE_ALLOWED_HOSTS", "").split(",") if h.strip()]

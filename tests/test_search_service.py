@@ -31,6 +31,8 @@ START_S, END_S = 2.0, 6.0  # the captions' time range: a click must play from ST
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
 GONE_ID = "f" * 64  # a registered video whose file was deleted
 
+ALSO_HOST = "archive.example.test"  # the name the service is served behind (VIDEO_SERVICE_ALLOWED_HOSTS)
+
 pytestmark = pytest.mark.slow
 
 
@@ -80,7 +82,7 @@ def server(tmp_path_factory):
     log = open(root / "server.log", "w")
     cmd = [sys.executable, "-m", "video_assets.service", "--index", index_uri, "--text-model", str(model)]
     cmd += ["--tables", tables.root_uri, "--port", str(port), "--review-token-file", str(token_file)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "VIDEO_SERVICE_ALLOWED_HOSTS": ALSO_HOST}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -272,6 +274,32 @@ def test_no_input_makes_the_service_answer_500_or_leak_a_path(server):
         assert post_big(url, path, 21 * 1024 * 1024, chunked=False) == 413
         assert post_big(url, path, 21 * 1024 * 1024, chunked=True) == 413
     assert {200, 404, 422} <= seen
+
+
+def test_only_its_own_host_names_are_answered(server):
+    """Issue 44: any Host header was answered, so a page on another name resolving to 127.0.0.1 (DNS
+    rebinding) could read the archive through the operator's browser. The service bound to 127.0.0.1
+    answers its address, localhost and the configured name; any other name gets 400 on every route."""
+    from urllib.parse import urlsplit
+
+    url, vid = server["url"], server["clips"][0]["sha256"]
+    port = urlsplit(url).port
+    routes = ["/", "/api/search?q=dog", f"/api/videos/{vid}/file", "/api/review/queue?use_case=object_handling"]
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"{ALSO_HOST}:{port}", f"[::1]:{port}"):
+        assert get(url + routes[1], {"Host": host})[0] == 200, host
+    for host in (f"evil.example:{port}", "rebind.attacker.test", f"127.0.0.1.nip.io:{port}", f"x.{ALSO_HOST}"):
+        for route in routes:
+            status, _, body = get(url + route, {"Host": host})
+            assert (status, body) == (400, b"Invalid host header"), (host, route)
+    status, _ = send(url + REVIEW, "POST", b"{}", {"Host": "evil.example", "Content-Type": "application/json"})
+    assert status == 400
+    # Bound to every interface: their addresses and the host name, not any name.
+    from video_assets.service.server import allowed_hosts
+
+    everywhere = allowed_hosts("0.0.0.0", ["*.corp.example"])
+    assert {"localhost", "127.0.0.1", "*.corp.example"} <= set(everywhere) and "evil.example" not in everywhere
+    with pytest.raises(ValueError, match="VIDEO_SERVICE_ALLOWED_HOSTS"):
+        allowed_hosts("127.0.0.1", ["archive.*.example"])
 
 
 @pytest.mark.browser
