@@ -1,14 +1,18 @@
 """Alert delivery: each alert posted once to each webhook (a real HTTP receiver on 127.0.0.1, real Delta
 tables), retried with backoff while the receiver fails, the same Idempotency-Key on every try (so a receiver
-drops the repeat after a sender that died before recording the answer); no secret in a payload or a row."""
+drops the repeat after a sender that died before recording the answer); no secret in a payload or a row.
+Hostile receivers (real sockets on 127.0.0.1): a redirect is not followed, a garbage answer is recorded,
+a trickled answer is cut at the deadline, and a hung destination delays no other."""
 
 import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -41,21 +45,42 @@ class Receiver(http.server.BaseHTTPRequestHandler):
         if state.get("kill_sender"):  # the sender dies the moment it has been answered, before it records it
             os.kill(state.pop("kill_sender"), signal.SIGKILL)
 
+    def do_GET(self):  # what a followed redirect would send
+        self.server.state["requests"].append({"method": "GET", "headers": dict(self.headers)})
+        self.send_response(200)
+        self.end_headers()
+
     def log_message(self, *args):
         pass
 
 
 @pytest.fixture
-def receiver():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    server.state = {"requests": [], "accepted": {}, "fail": 0}
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
+def serve():
+    """Starts HTTP servers on 127.0.0.1 (``serve(handler, **state)``), stopped after the test."""
+    started = []
+
+    def start(handler=Receiver, **state) -> http.server.ThreadingHTTPServer:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.state = {"requests": [], "accepted": {}, "fail": 0, **state}
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        started.append((server, thread))
+        return server
+
+    yield start
+    for server, thread in started:
         server.shutdown()
         thread.join(timeout=10)
+        server.server_close()
+
+
+@pytest.fixture
+def receiver(serve):
+    return serve()
+
+
+def _url(server) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}/hook"
 
 
 def _alert(video: str, uri: str) -> dict:
@@ -66,6 +91,28 @@ def _alert(video: str, uri: str) -> dict:
         "reason": "confirmed with confidence 0.90 >= 0.70", "excerpt": "a person lifts a box", "threshold": 0.7,
         "routed_at": T0,
     }  # fmt: skip
+
+
+def _camera_alert(tmp_path, segment: int = 0) -> dict:
+    uri = str(tmp_path / "volume" / "streams" / "dock" / f"20261206T12000{segment}.000Z.mp4")
+    alert = _alert("v" * 64, uri) | {"segment": segment}
+    return alert | wall_clock(alert, {"camera": "dock", "started_at": T0}, T0 + timedelta(seconds=20))
+
+
+def _setup_many(tmp_path, urls: dict[str, str], alerts: int, timeout_s: float) -> tuple[DeltaTables, AlertDestinations]:
+    """``alerts`` alerts and one json destination per (name, url), in that order, each with OPS_TOKEN."""
+    tables = DeltaTables(root_uri=str(tmp_path / "tables"))
+    rows = [_camera_alert(tmp_path, i) for i in range(alerts)]
+    tables.merge(ALERTS, to_arrow(ALERTS, rows), KEYS[ALERTS])
+    config = tmp_path / "destinations.toml"
+    config.write_text(
+        "".join(f'[[destination]]\nname = "{n}"\nurl = "{u}"\ntoken_env = "OPS_TOKEN"\n' for n, u in urls.items())
+    )
+    return tables, AlertDestinations(config_file=str(config), timeout_s=timeout_s)
+
+
+def _rows(tables: DeltaTables, destination: str) -> list[dict]:
+    return [r for r in tables.read(ALERT_DELIVERIES).to_dicts() if r["destination"] == destination]
 
 
 def _setup(tmp_path, url: str, fmt: str = "json") -> tuple[DeltaTables, AlertDestinations]:
@@ -160,3 +207,138 @@ def test_the_sensor_delivers_and_bad_destinations_name_the_setting(tmp_path, rec
             load_destinations(bad)
     with pytest.raises(ValueError, match="VIDEO_ALERT_DESTINATIONS"):
         AlertDestinations(config_file=str(bad)).destinations()
+
+
+@pytest.fixture
+def raw_server():
+    """Starts TCP listeners on 127.0.0.1 that are not HTTP servers: ``raw_server(answer)`` calls
+    ``answer(conn, stop)`` for each connection (in its own thread) once the request has been read."""
+    stop, listeners = threading.Event(), []
+
+    def start(answer) -> str:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
+
+        def handle(conn):
+            with conn, conn.makefile("rb") as request:  # the whole request read: a close is not a reset
+                length = 0
+                while (line := request.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                request.read(length)
+                try:
+                    answer(conn, stop)
+                except OSError:  # the client hung up
+                    pass
+
+        def accept():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+
+    yield start
+    stop.set()
+    for listener in listeners:
+        listener.close()
+
+
+@pytest.mark.parametrize("code", [302, 303])
+def test_a_redirect_is_not_followed_and_the_token_goes_nowhere_else(tmp_path, serve, monkeypatch, code):
+    monkeypatch.setenv("OPS_TOKEN", "s3cret-token")
+    elsewhere = serve()
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.server.state["requests"].append(dict(self.headers))
+            self.send_response(code)
+            self.send_header("Location", _url(elsewhere).replace("/hook", "/collect"))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    redirector = serve(Redirect)
+    tables, delivery = _setup_many(tmp_path, {"ops": _url(redirector)}, alerts=1, timeout_s=10)
+    counts = deliver_due(tables, delivery, T0)
+    assert (counts["sent"], counts["retrying"]) == (0, 1)
+    [row] = _rows(tables, "ops")
+    assert (row["status"], row["http_status"]) == ("retrying", code)
+    assert row["error"] == f"HTTP {code} redirect not followed"
+    # The configured URL got the token; the place it pointed to got nothing at all.
+    assert [r["Authorization"] for r in redirector.state["requests"]] == ["Bearer s3cret-token"]
+    assert elsewhere.state["requests"] == []
+
+
+def test_a_garbage_answer_is_recorded_and_the_next_tick_delivers_the_others(tmp_path, receiver, raw_server):
+    garbage = raw_server(lambda conn, stop: conn.sendall(b"garbage\r\n\r\n"))
+    hangup = raw_server(lambda conn, stop: None)  # reads the request, closes without a word
+    urls = {"garbage": garbage, "hangup": hangup, "ops": _url(receiver)}
+    tables, delivery = _setup_many(tmp_path, urls, alerts=2, timeout_s=10)
+    counts = deliver_due(tables, delivery, T0)
+    assert (counts["sent"], counts["retrying"], counts["left"]) == (2, 4, 0)
+    assert {r["error"].split(":")[0] for r in _rows(tables, "garbage")} == {"BadStatusLine"}
+    assert {r["error"].split(":")[0] for r in _rows(tables, "hangup")} == {"RemoteDisconnected"}
+    assert {r["status"] for r in _rows(tables, "ops")} == {"sent"}
+    # A new alert, the next tick: delivered to the healthy destination, the broken ones retried again.
+    tables.merge(ALERTS, to_arrow(ALERTS, [_camera_alert(tmp_path, 2)]), KEYS[ALERTS])
+    counts = deliver_due(tables, delivery, T0 + timedelta(seconds=11))
+    assert (counts["sent"], counts["retrying"]) == (1, 6)
+    assert len(receiver.state["accepted"]) == 3
+    assert sorted(r["attempts"] for r in _rows(tables, "garbage")) == [1, 2, 2]
+
+
+def test_a_trickled_answer_is_cut_at_the_total_deadline(tmp_path, raw_server):
+    def trickle(conn, stop):  # a byte every 0.2 s for a minute: each read is quick, the answer never ends
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 300:
+            if stop.wait(0.2):
+                return
+            conn.sendall(bytes([byte]))
+
+    tables, delivery = _setup_many(tmp_path, {"slow": raw_server(trickle)}, alerts=3, timeout_s=1)
+    started = time.monotonic()
+    counts = deliver_due(tables, delivery, T0)
+    # Generous: the deadline is 1 s, the trickle a minute; the bound only tells the two apart.
+    assert time.monotonic() - started < 20
+    # One request used the whole deadline: the other two wait for the next tick instead of a deadline each.
+    assert (counts["sent"], counts["retrying"], counts["left"]) == (0, 1, 2)
+    [row] = _rows(tables, "slow")
+    assert row["status"] == "retrying" and row["error"] == "TimeoutError: no answer within 1 s"
+
+
+def test_a_hung_destination_delays_no_other(tmp_path, serve, receiver):
+    class Hung(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.server.state["requests"].append(dict(self.headers))
+            self.server.state["release"].wait(300)
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    hung = serve(Hung, release=threading.Event())
+    # The hung destination first, and a deadline far longer than this test waits for the healthy one.
+    urls = {"hung": _url(hung), "ops": _url(receiver)}
+    tables, delivery = _setup_many(tmp_path, urls, alerts=3, timeout_s=120)
+    result = {}
+    tick = threading.Thread(target=lambda: result.update(deliver_due(tables, delivery, T0)), daemon=True)
+    tick.start()
+    try:
+        waited = time.monotonic()
+        while (len(receiver.state["accepted"]), len(hung.state["requests"])) != (3, 1):
+            assert time.monotonic() - waited < 60, "the healthy destination waited for the hung one"
+            time.sleep(0.1)
+        assert tick.is_alive()  # the hung request still held: all this within the tick
+    finally:
+        hung.state["release"].set()
+    tick.join(timeout=60)
+    assert not tick.is_alive()
+    assert (result["sent"], result["retrying"]) == (3, 3)  # all in this one tick
+    assert {r["status"] for r in _rows(tables, "ops")} == {"sent"}
