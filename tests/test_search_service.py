@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -300,6 +301,46 @@ def test_only_its_own_host_names_are_answered(server):
     assert {"localhost", "127.0.0.1", "*.corp.example"} <= set(everywhere) and "evil.example" not in everywhere
     with pytest.raises(ValueError, match="VIDEO_SERVICE_ALLOWED_HOSTS"):
         allowed_hosts("127.0.0.1", ["archive.*.example"])
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
+
+
+def test_an_image_upload_is_refused_by_its_pixels_before_it_is_decoded(server):
+    """Issue 44: a 136 KB PNG of 12000x12000 pixels raised the service's memory by 1.4 GB. Its header is
+    read first: over 40 megapixels is a 422 saying so, raw or multipart, and the peak memory does not move;
+    a small image still decodes (then 503: this service has no frame encoder)."""
+    import io
+
+    from PIL import Image
+
+    url, pid = server["url"], server["pid"]
+
+    def png(size) -> bytes:
+        out = io.BytesIO()
+        Image.new("1", size).save(out, "PNG")  # 1 bit per pixel: a few KB however large
+        return out.getvalue()
+
+    bomb = png((12000, 12000))
+    assert len(bomb) < 200_000
+    before = _peak_rss_mb(pid)
+    boundary = "b0undary"
+    multipart = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="x.png"\r\n'
+            "Content-Type: image/png\r\n\r\n"
+        ).encode()
+        + bomb
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    for body, kind in ((bomb, "image/png"), (multipart, f"multipart/form-data; boundary={boundary}")):
+        status, answer = send(f"{url}/api/frames/similar", "POST", body, {"Content-Type": kind})
+        assert status == 422 and "12000x12000 pixels is over 40 megapixels" in answer.decode(), (status, answer)
+    assert _peak_rss_mb(pid) - before < 100, (before, _peak_rss_mb(pid))
+    assert send(f"{url}/api/frames/similar", "POST", png((640, 480)), {"Content-Type": "image/png"})[0] == 503
 
 
 @pytest.mark.browser

@@ -34,6 +34,9 @@ from video_assets.core.uploads.discovery import printable
 STATIC = Path(__file__).resolve().parent / "static"
 THUMB_WIDTH = 320
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+# An uploaded image's pixels, read from its header before decoding: a 136 KB PNG can claim 12000x12000
+# (432 MB as RGB). 40 MP holds any camera's frame; the encoder shrinks it to a few hundred pixels anyway.
+MAX_IMAGE_PIXELS = 40_000_000
 CHUNK = 256 * 1024
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 MAX_SECONDS = 10_000_000.0  # about 116 days: any time in a video; larger (1e308, inf) is refused with 422
@@ -187,13 +190,7 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
     @api.post("/frames/similar", summary="Frames nearest to an uploaded image (multipart field 'image', or raw)")
     async def similar_image(request: Request, k: int = Query(10, ge=1, le=MAX_K)) -> dict:
         body = await request.body()  # at most MAX_UPLOAD_BYTES: BodyLimit refuses more while it streams in
-        data = _uploaded_image(request.headers.get("content-type", ""), body)
-        try:
-            from PIL import Image
-
-            image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-        except Exception as exc:
-            raise HTTPException(422, f"not a readable image: {exc.__class__.__name__}") from exc
+        image = _decoded_image(_uploaded_image(request.headers.get("content-type", ""), body))
         if getattr(searcher, "frame_encoder", None) is None:
             raise HTTPException(503, "no frame encoder loaded: image search is off")
         return _hits(searcher.similar_to_image(image, k))
@@ -304,6 +301,26 @@ def create_app(searcher, *, tables=None, volume=None, **state) -> FastAPI:
         return JSONResponse({"detail": detail}, status_code=422)
 
     return app
+
+
+def _decoded_image(data: bytes) -> np.ndarray:
+    """The upload as an RGB array: 422 when it is not an image, or when its header claims more than
+    ``MAX_IMAGE_PIXELS`` (checked before a pixel is decoded)."""
+    from PIL import Image
+
+    try:
+        img = Image.open(io.BytesIO(data))  # reads the header only
+        width, height = img.size
+    except Exception as exc:
+        raise HTTPException(422, f"not a readable image: {exc.__class__.__name__}") from exc
+    if width * height > MAX_IMAGE_PIXELS:
+        raise HTTPException(
+            422, f"image of {width}x{height} pixels is over {MAX_IMAGE_PIXELS // 1_000_000} megapixels: send it smaller"
+        )
+    try:
+        return np.asarray(img.convert("RGB"))
+    except Exception as exc:
+        raise HTTPException(422, f"not a readable image: {exc.__class__.__name__}") from exc
 
 
 def _uploaded_image(content_type: str, body: bytes) -> bytes:
