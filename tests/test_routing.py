@@ -129,3 +129,28 @@ def test_a_camera_alert_is_placed_in_the_cameras_own_time():
     )
     assert (whole["wall_start"], whole["wall_end"]) == (began, began + timedelta(seconds=30))
     assert whole["detected_after_s"] == 45.0
+
+
+def test_a_flagged_row_whose_every_event_fell_outside_its_clip_is_reviewed_not_alerted():
+    """Issue 44: the events were dropped but the alert was raised on the bare verdict. The row comes from
+    the real structuring policy (a model pinned to answer 223-224 s on a 9.6 s clip)."""
+    from tests.test_structuring import _answer, _Pinned
+    from video_assets.core.structuring.policy import structure_captions
+    from video_assets.core.structuring.usecase import load
+
+    chaplin = {"status": "ok", "prose": "A man picks up a cup.", "segment_start_s": 0.0, "segment_end_s": 9.6}
+    uc = load("object_handling")
+    keys = {"video_id": "v", "segment": 0, "segment_start_s": 0.0, "segment_end_s": 9.6}  # as structured_events
+    [gone] = structure_captions(_Pinned(_answer((223.0, 224.0), (300.0, 301.0))), uc, [chaplin], 1024, 16)
+    [kept] = structure_captions(_Pinned(_answer((2.0, 3.0), (223.0, 224.0))), uc, [chaplin], 1024, 16)
+    assert (gone["verdict"], gone["confidence"], gone["events"], gone["events_outside"]) == ("confirmed", 0.9, [], 2)
+    alerts, review = split([keys | gone], 0.7, {})
+    assert alerts == [] and len(review) == 1
+    assert review[0]["reason"] == (
+        "confirmed with every event outside the clip: dropped 2 event(s) outside the clip (0-9.6 s): 223-224 s, 300-301 s"
+    )
+    assert (review[0]["start_s"], review[0]["end_s"]) == (0.0, 9.6)  # the whole clip for a person to watch
+    # One event left inside the clip: the alert stands on it.
+    assert route(kept, 0.7)[0] == "alerts" and kept["events_outside"] == 1
+    # A verdict with no events at all (none were placed) still alerts: nothing was dropped.
+    assert route(row("confirmed", 0.9), 0.7)[0] == "alerts"

@@ -13,7 +13,8 @@ def route(row: dict, threshold: float) -> tuple[str | None, str]:
     A flagged verdict (confirmed/suspected) with confidence >= threshold -> alerts; below it, any other
     answered verdict but none, or no confidence (only the retry answered) -> review; unparsed -> review
     (a person must look: the model could not answer); none and no_caption -> nowhere (a no_caption row
-    is already an error in captions).
+    is already an error in captions). A flagged row whose every event was dropped for falling outside its
+    clip (``events_outside``) -> review: the evidence the verdict stood on is gone.
     """
     status, verdict, conf = row.get("status"), row.get("verdict"), row.get("confidence")
     if status == UNPARSED:
@@ -22,6 +23,8 @@ def route(row: dict, threshold: float) -> tuple[str | None, str]:
         return None, "nothing to route"
     if verdict not in FLAGGED:
         return REVIEW_QUEUE, f"verdict {verdict}"
+    if row.get("events_outside") and not row.get("events"):
+        return REVIEW_QUEUE, f"{verdict} with every event outside the clip: {row.get('error') or 'dropped'}"
     if conf is None:
         return REVIEW_QUEUE, f"{verdict} without a confidence (verdict-only retry)"
     if conf >= threshold:
