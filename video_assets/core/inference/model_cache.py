@@ -26,6 +26,26 @@ class ModelFilesChanged(RuntimeError):
     """A model file differs from what was registered; the message names the file and both digests."""
 
 
+class PinnedDigestMismatch(ValueError):
+    """A packaged model's file is not the one pinned in the source; the message names the file."""
+
+
+def verify_pinned(folder: Path, pinned: dict[str, str], own: frozenset[str] = frozenset(), what: str = "") -> None:
+    """Check a model folder built from installed packages against the digests pinned in the source: every
+    pinned file present with its sha256, and no file that is neither pinned nor in ``own`` (the files this
+    product writes beside them). Raises ``PinnedDigestMismatch`` naming the file."""
+    files = _model_files(Path(folder))
+    for rel, want in sorted(pinned.items()):
+        got = file_sha256(files[rel]) if rel in files else "missing"
+        if got != want:
+            raise PinnedDigestMismatch(
+                f"{what} {Path(folder) / rel}: sha256 {got}, pinned {want}: the installed package's file is "
+                "not the published one; reinstall it from the lock (make install), refusing to register it"
+            )
+    if extra := sorted(set(files) - set(pinned) - own):
+        raise PinnedDigestMismatch(f"{what} {Path(folder) / extra[0]}: not a file of the packaged model")
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
