@@ -9,11 +9,14 @@ process); it reads as closed the moment that process dies, whatever killed it.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Iterator
 
 import psutil
 
@@ -61,3 +64,108 @@ def kill_tree_and_self(reason: str) -> None:
         except psutil.Error:
             pass
     os.kill(me.pid, signal.SIGKILL)
+
+
+# A stop: SIGTERM (Kubernetes, systemd) or SIGINT (Ctrl-C) to a process of this product. Whoever holds the
+# Python handler at that moment (ours, Dagster's interrupt capture inside a run, Ray's after ray.init), the
+# signal is also written to a wakeup pipe (signal.set_wakeup_fd) that a thread reads: that sets the stop
+# flag, which every "start something new" place checks (the next job, the next batch, a Ray start), and
+# arms a last resort that ends the process tree if the graceful stop has not finished in time.
+STOP_GRACE_S = 25.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_stop = threading.Event()
+_stop_signal: list[int] = []
+
+
+def stop_requested() -> bool:
+    """Whether this process was asked to stop (SIGTERM or SIGINT) since ``watch_stop_signals``."""
+    return _stop.is_set()
+
+
+def stop_exit_code() -> int:
+    """128 + the signal's number, as a shell reports a process ended by it."""
+    return 128 + (_stop_signal[0] if _stop_signal else signal.SIGTERM)
+
+
+def watch_stop_signals(grace_s: float = STOP_GRACE_S, handlers: bool = True) -> bool:
+    """In a process's main thread: SIGTERM and SIGINT set the stop flag and end the process and everything it
+    started ``grace_s`` after the first one if it is still alive; with ``handlers`` (a CLI) they also raise
+    KeyboardInterrupt where nothing else handles them (inside a run Dagster's capture turns them into an
+    interrupted step; a step process keeps Dagster's handlers). Returns whether it is watching (False off the
+    main thread, or when the process watches already)."""
+    global _watching
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    with _lock:
+        if _watching:
+            return False
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        if handlers:
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, _interrupt)
+        threading.Thread(target=_read_signals, args=(read, grace_s), name="stop-signals", daemon=True).start()
+        _watching = True
+    return True
+
+
+_watching = False
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _read_signals(fd: int, grace_s: float) -> None:
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return
+        for signum in data:
+            if signum in STOP_SIGNALS and not _stop.is_set():
+                _stop_signal.append(signum)
+                _stop.set()
+                print(
+                    f"[video-assets] {signal.Signals(signum).name}: stopping; nothing new starts "
+                    f"(the process ends within {grace_s:g} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                threading.Thread(target=_last_resort, args=(grace_s,), name="stop-deadline", daemon=True).start()
+
+
+def _last_resort(grace_s: float) -> None:
+    """The graceful stop (the step interrupted, Ray shut down, the run marked) did not finish in time."""
+    time.sleep(grace_s)
+    me = psutil.Process()
+    for child in me.children(recursive=True):
+        try:
+            child.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    print(f"[video-assets] not stopped {grace_s:g} s after the signal: ended", file=sys.stderr, flush=True)
+    os._exit(stop_exit_code())
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within (a Ray start): SIGTERM and SIGINT raise KeyboardInterrupt at once, so a stop abandons the start
+    instead of waiting for it (Dagster defers interrupts while resources start); after, the handlers there
+    before are put back, undoing the one ``ray.init`` installs (``sys.exit`` on SIGTERM: in a step an
+    unexpected error instead of an interrupt, and the run went on). Main thread only: elsewhere Ray sets none."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _interrupt)
+    try:
+        if stop_requested():
+            raise KeyboardInterrupt("stopping: nothing new starts after a stop signal")
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)

@@ -7,35 +7,53 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 from dagster_ray import LocalRay
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
-from resources.lifetime import exit_with_run_process
-from resources.settings import embedded_ray_auth
+from resources.lifetime import exit_with_run_process, interruptible, watch_stop_signals
+from resources.settings import embedded_ray_auth, ray_temp_root, secrets_forwarded
+
+# The embedded Rays' sessions under ray_temp_root (the `ray up` service's are under "s").
+EMBEDDED_TEMP = "e"
 
 # What a worker needs from the step's environment to reach the same stores: object-store endpoint and
-# credentials (volume, tables, model artifacts), the MLflow server and its credentials, the model hub.
-# Forwarded by name in the job's runtime_env, so a worker node started with a clean environment (a
-# cluster node, a KubeRay pod) reads what the step reads; embedded workers inherit them anyway.
+# region (volume, tables, model artifacts), the MLflow server, the model hub. Sent by value in the job's
+# runtime_env, so a worker node started with a clean environment (a cluster node, a KubeRay pod) reads
+# what the step reads.
 FORWARDED_ENV = (
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
     "AWS_ALLOW_HTTP",
     "MLFLOW_TRACKING_URI",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+)
+
+# Credentials: never sent by value. Ray's runtime-env agent writes a job's whole runtime_env, values
+# included, to runtime_env_agent.log on every node. An embedded or `ray up` Ray's workers inherit them
+# from the process that started it; a cluster's nodes read their own (a KubeRay pod's env from a
+# Kubernetes Secret, an instance role). RAY_FORWARD_SECRETS=1 sends them to a RAY_ADDRESS cluster anyway,
+# for nodes that cannot hold credentials, accepting that its nodes' logs carry them (docs/scale-out.md).
+SECRET_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
     "MLFLOW_TRACKING_USERNAME",
     "MLFLOW_TRACKING_PASSWORD",
     "MLFLOW_TRACKING_TOKEN",
     "HF_TOKEN",
-    "HF_ENDPOINT",
-    "HF_HUB_OFFLINE",
 )
+# Names that mark a variable added through RAY_FORWARD_ENV as a credential too.
+_SECRET_MARKERS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE")
+
+
+def is_secret(name: str) -> bool:
+    return name in SECRET_ENV or any(m in name.upper() for m in _SECRET_MARKERS)
 
 
 class EmbeddedRay(LocalRay):
@@ -53,8 +71,12 @@ class EmbeddedRay(LocalRay):
     forward_env: list[str] = Field(
         default_factory=lambda: list(FORWARDED_ENV),
         description="Environment variables (names) sent from the step to every Ray worker; values are read "
-        "when the step connects and never logged or stored in the run's config",
+        "when the step connects and never logged or stored in the run's config. Credentials among them "
+        "(SECRET_ENV, or a name with SECRET, TOKEN, PASSWORD, KEY...) are left out unless RAY_FORWARD_SECRETS=1 "
+        "with RAY_ADDRESS",
     )
+
+    _session_dir: str | None = PrivateAttr(default=None)
 
     @property
     def ray_address(self) -> str | None:  # type: ignore[override]
@@ -71,24 +93,36 @@ class EmbeddedRay(LocalRay):
         """dagster-ray's ``connect`` without its ``apply_remote``: that runs a task (starting a worker
         process) only to set Ray Data options there, about 1.5 s of every step here, and Ray Data ships
         the driver's options with each task anyway. An empty ``runtime_env`` is not sent either. The
-        ``forward_env`` variables set here go to every worker of the job (``runtime_env.env_vars``)."""
+        ``forward_env`` variables set here go to every worker of the job (``runtime_env.env_vars``), less
+        credentials (``SECRET_ENV``). A Ray started here keeps its session under this instance's private temp
+        folder (``ray_temp_root``), removed again when the step ends."""
         from dagster_ray.utils import _process_dagster_env_vars
 
         options = _process_dagster_env_vars(dict(self.ray_init_options))
+        if self.ray_address is None and not os.environ.get("RAY_ADDRESS"):
+            options.setdefault("_temp_dir", str(ray_temp_root() / EMBEDDED_TEMP))
         if inject := {**forwarded_env(self.forward_env), **self.get_env_vars_to_inject()}:
             runtime_env = dict(options.get("runtime_env") or {})
             runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **inject}
             options["runtime_env"] = runtime_env
         self.data_execution_options.apply()
-        self._context = init_ray(self.ray_address, options)
+        with interruptible():  # a stop signal, before or during: no Ray is started
+            self._context = init_ray(self.ray_address, options)
+        if "_temp_dir" in options:  # this step started it: its session folder goes when the step ends
+            self._session_dir = (getattr(self._context, "address_info", None) or {}).get("session_dir")
         self.data_execution_options.apply()
         return self._context
 
     @contextlib.contextmanager
     def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[EmbeddedRay]:
-        exit_with_run_process()
-        with embedded_ray_auth(), super().yield_for_execution(context) as resource:
-            yield resource
+        if exit_with_run_process():  # a step process: a stop signal (from its run) also stops what starts here
+            watch_stop_signals(handlers=False)
+        self._session_dir = None
+        try:
+            with embedded_ray_auth(), super().yield_for_execution(context) as resource:
+                yield resource
+        finally:
+            remove_session(self._session_dir)
 
 
 # Ray Client's server starts one "specific server" process per client; it dies at start now and then (a
@@ -120,5 +154,21 @@ def init_ray(address: str | None, options: dict):
 
 
 def forwarded_env(names: list[str]) -> dict[str, str]:
-    """The set, non-empty variables of ``names`` from this process's environment."""
-    return {name: os.environ[name] for name in names if os.environ.get(name)}
+    """The set, non-empty variables of ``names`` from this process's environment, credentials left out
+    (``is_secret``) unless ``secrets_forwarded()``."""
+    send_secrets = secrets_forwarded()
+    return {n: os.environ[n] for n in names if os.environ.get(n) and (send_secrets or not is_secret(n))}
+
+
+def remove_session(session_dir: str | None) -> None:
+    """A stopped Ray's session folder (its logs and sockets), when it lies under this instance's private
+    temp folder; nothing else is ever removed."""
+    if not session_dir:
+        return
+    import shutil
+
+    from resources.settings import ray_temp_root
+
+    path = Path(session_dir).resolve()
+    if path.is_relative_to(ray_temp_root().resolve()) and path.name.startswith("session_"):
+        shutil.rmtree(path, ignore_errors=True)

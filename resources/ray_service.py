@@ -13,18 +13,17 @@ left in its session (and any process naming its session folder), nothing else of
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from resources.settings import REPO_ROOT, SHIPPED_PACKAGES, dagster_home, embedded_ray_auth
+from resources.settings import REPO_ROOT, SHIPPED_PACKAGES, dagster_home, embedded_ray_auth, ray_temp_root
 
 START_TIMEOUT_S = 180.0
 LOOPBACK = "127.0.0.1"
@@ -104,10 +103,13 @@ def local_ray_address() -> str | None:
     return service_address()
 
 
+# The service's sessions under the instance's private Ray temp folder (the embedded Rays' are under "e").
+SERVICE_TEMP = "s"
+
+
 def _temp_dir() -> Path:
-    # Short and per instance: Ray's unix sockets live under it and their paths are length-limited.
-    digest = hashlib.sha256(str(dagster_home()).encode()).hexdigest()[:8]
-    return Path(tempfile.gettempdir()) / f"va-ray-{digest}"
+    # Private (ray_temp_root: 0700) and short: Ray's unix sockets live under it, their paths length-limited.
+    return ray_temp_root() / SERVICE_TEMP
 
 
 def _log_file() -> Path:
@@ -177,7 +179,8 @@ def processes(temp_dir: str | None = None, session: int | None = None) -> list:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if any(temp in part for part in proc.info["cmdline"] or []) or (session and os.getsid(proc.pid) == session):
+            names_it = any(part == temp or temp + os.sep in part for part in proc.info["cmdline"] or [])
+            if names_it or (session and os.getsid(proc.pid) == session):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             continue
@@ -212,6 +215,8 @@ def down(timeout: float = 30.0) -> int:
             pass
     psutil.wait_procs(alive, timeout=timeout / 4)
     service_file().unlink(missing_ok=True)
+    # Its sessions' logs and sockets: nothing of a stopped service is left in the temp folder.
+    shutil.rmtree(_temp_dir(), ignore_errors=True)
     return len(procs)
 
 

@@ -7,8 +7,11 @@ variable is set (so the UI shows where a value came from) and the embedded defau
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
+import stat
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -57,6 +60,13 @@ def forward_env_names(defaults: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys([*defaults, *extra]))
 
 
+def secrets_forwarded() -> bool:
+    """RAY_FORWARD_SECRETS=1: credentials sent by value to a RAY_ADDRESS cluster's workers, for nodes that cannot
+    hold their own (they are then in its nodes' runtime-env logs); never to a local Ray, whose workers inherit them."""
+    on = os.environ.get("RAY_FORWARD_SECRETS", "0").strip().lower() in ("1", "true", "yes", "on")
+    return on and bool(os.environ.get("RAY_ADDRESS"))
+
+
 def default_models_dir() -> str:
     return str(dagster_home() / "models")
 
@@ -68,6 +78,49 @@ def default_curation_dir() -> str:
 
 # The packages a Ray worker needs to run this product's stages (decode tasks, VLM actors).
 SHIPPED_PACKAGES = ("video_assets", "resources")
+
+
+# Ray puts its unix sockets at <temp>/<child>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store: with
+# a 2-character child and a 7-digit pid that is 70 characters after the root, and a socket path must fit
+# in 107, so a longer root is refused (configured) or replaced by a short one in the system temp folder.
+RAY_TEMP_ROOT_MAX = 36
+
+
+def ray_temp_root() -> Path:
+    """This instance's private Ray temp folder (0700, owned by this user): the embedded Rays and the `ray up`
+    service keep their session folders (logs, sockets, the runtime-env agent's log) under it, never in
+    Ray's shared, world-readable default. VIDEO_RAY_TEMP_DIR when set; else ``$DAGSTER_HOME/ray/tmp`` when
+    short enough for Ray's sockets; else ``<system temp>/va-<uid>-<digest of DAGSTER_HOME>``."""
+    configured = os.environ.get("VIDEO_RAY_TEMP_DIR", "").strip()
+    if configured:
+        root = Path(configured).expanduser().absolute()
+        if len(str(root)) > RAY_TEMP_ROOT_MAX:
+            raise ValueError(
+                f"VIDEO_RAY_TEMP_DIR={root} is {len(str(root))} characters; Ray's socket paths under it need "
+                f"it to be at most {RAY_TEMP_ROOT_MAX}"
+            )
+    else:
+        root = dagster_home() / "ray" / "tmp"
+        if len(str(root)) > RAY_TEMP_ROOT_MAX:
+            digest = hashlib.sha256(str(dagster_home()).encode()).hexdigest()[:8]
+            root = Path(tempfile.gettempdir()) / f"va-{os.getuid()}-{digest}"
+    return private_dir(root)
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder only its owner can enter: created 0700, or an existing one of this user narrowed
+    to 0700; a symlink or another user's folder (planted in a shared temp folder) is refused."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise PermissionError(f"{path} is not a folder of this user: refusing it as the private Ray temp folder")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
 
 
 def ray_auth_token_path() -> Path:

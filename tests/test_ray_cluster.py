@@ -410,11 +410,12 @@ def test_a_clean_worker_node_reads_the_bucket_with_the_steps_forwarded_settings(
     two_node_cluster, s3_endpoint, instance, resources, tiny_model_cache, tmp_path, monkeypatch
 ):
     """Videos in an S3-compatible bucket, decoded on the worker node, whose own environment has no AWS
-    variables: the step forwards its endpoint and credentials in the job's runtime_env (``forward_env``),
+    variables: the step forwards its endpoint in the job's runtime_env (``forward_env``) and, opted in with
+    RAY_FORWARD_SECRETS=1 for nodes that cannot hold credentials, its credentials too (``SECRET_ENV``),
     every segment is captioned, and the secret appears in no log line of the run."""
     import pyarrow.fs as pafs
 
-    from resources.ray_cluster import FORWARDED_ENV
+    from resources.ray_cluster import FORWARDED_ENV, SECRET_ENV
     from resources.volume import VideoVolume
     from tests.fixtures.samples import BUNDLED
 
@@ -426,7 +427,8 @@ def test_a_clean_worker_node_reads_the_bucket_with_the_steps_forwarded_settings(
         "AWS_REGION": "us-east-1",
         "AWS_ALLOW_HTTP": "true",
     }
-    assert set(aws) <= set(FORWARDED_ENV)
+    assert set(aws) <= set(FORWARDED_ENV) | set(SECRET_ENV)
+    monkeypatch.setenv("RAY_FORWARD_SECRETS", "1")
     for k, v in aws.items():
         monkeypatch.setenv(k, v)
     bucket = f"clean-{time.monotonic_ns()}"

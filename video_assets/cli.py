@@ -135,12 +135,15 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
     """The batch pipeline for ``keys``: one run per stretch of consecutive batches (a partition range, as
     a backfill runs it: every per-batch asset takes a range in one step), so Ray and the models start
     once per step, not once a batch."""
+    from resources.lifetime import stop_requested
     from video_assets.definitions import defs
     from video_assets.defs.partitions import consecutive_ranges, video_batches
 
     job = defs.resolve_job_def("batch_pipeline")
     ok = True
     for first, last in consecutive_ranges(instance.get_dynamic_partitions(video_batches.name), keys):
+        if stop_requested():
+            raise Stopped(f"batches from {first} on not started")
         started = time.monotonic()
         label = f"batch {first}" if first == last else f"batches {first}...{last}"
         target = _partition_target(first, last)
@@ -363,17 +366,26 @@ def retention(tables, volume, days: float, dry_run: bool, now) -> int:
 def reprocess_command(args) -> int:
     """The batches whose rows came from a model, prompt or structuring no longer in production, each run
     again through exactly the assets downstream of what changed (``defs.maintenance.reprocess``)."""
+    from dagster import AssetSelection
+
     from video_assets.definitions import defs
+    from video_assets.defs.common import PER_BATCH_TAG
     from video_assets.defs.maintenance.reprocess import reprocess_plan, runs
     from video_assets.defs.partitions import video_batches
 
     instance = DagsterInstance.get()
     res = _resources("tables", "mlflow_registry", "vlm", "structurer")
-    plan = reprocess_plan(
-        instance, defs.resolve_asset_graph(), res["tables"], res["mlflow_registry"], res["vlm"], res["structurer"]
-    )
+    graph = defs.resolve_asset_graph()
+    plan = reprocess_plan(instance, graph, res["tables"], res["mlflow_registry"], res["vlm"], res["structurer"])
+    # A batch a run left unfinished (stopped, failed) runs again whole: the batch job's merges are keyed, so
+    # what it had written stays one row per key.
+    planned = {step["batch"] for step in plan}
+    every = sorted(k.to_user_string() for k in AssetSelection.tag(*PER_BATCH_TAG).resolve(graph))
+    for batch, reason in unfinished(instance).items():
+        if batch not in planned:
+            plan.append({"batch": batch, "root": "raw_videos", "reason": f"unfinished: {reason}", "assets": every})
     if not plan:
-        print("nothing to reprocess: every batch's rows are from production")
+        print("nothing to reprocess: every batch is complete and its rows are from production")
         return 0
     for step in plan:
         print(
@@ -394,11 +406,14 @@ def execute_reprocess(instance: DagsterInstance, todo: list[dict], assets=None, 
     Returns the runs' results."""
     from dagster import AssetKey
 
+    from resources.lifetime import stop_requested
     from video_assets.definitions import defs
 
     job = defs.resolve_job_def("batch_pipeline")
     results = []
     for run in todo:
+        if stop_requested():
+            raise Stopped(f"batches from {run['first']} on not started")
         target = _partition_target(run["first"], run["last"])
         selection = [AssetKey(a) for a in run["assets"]]
         if assets is None:
@@ -418,7 +433,22 @@ def execute_reprocess(instance: DagsterInstance, todo: list[dict], assets=None, 
     return results
 
 
+class Stopped(Exception):
+    """A stop signal came (``resources.lifetime``): what was not started, for the operator."""
+
+
+def unfinished(instance: DagsterInstance) -> dict[str, str]:
+    """``{batch: reason}``: the batches a run left unfinished (``defs.maintenance.reprocess.incomplete_batches``)."""
+    from video_assets.definitions import defs
+    from video_assets.defs.maintenance.reprocess import incomplete_batches
+    from video_assets.defs.partitions import video_batches
+
+    keys = instance.get_dynamic_partitions(video_batches.name)
+    return incomplete_batches(instance, defs.resolve_asset_graph(), keys)
+
+
 def demo(args) -> int:
+    from resources.lifetime import stop_requested
     from video_assets.defs.partitions import video_batches
 
     instance = DagsterInstance.get()
@@ -426,9 +456,12 @@ def demo(args) -> int:
         return 1
     register_archive(instance, args.batch_size)
     keys = instance.get_dynamic_partitions(video_batches.name)
-    todo = keys if args.all else [k for k in keys if not _materialized(instance, k)]
+    # Every batch a run left unfinished (stopped, failed after any asset), not only the never-probed ones.
+    todo = keys if args.all else [k for k in keys if k in unfinished(instance)]
     print(f"{len(todo)} batch(es) to run of {len(keys)}")
     ok = run_batches(instance, todo)
+    if stop_requested():
+        raise Stopped("evaluate not started")
     ok &= evaluate(instance)
     _print_where(_resources()["tables"])
     return 0 if ok else 1
@@ -445,15 +478,9 @@ def evaluate(instance: DagsterInstance) -> bool:
     return result.success
 
 
-def _materialized(instance: DagsterInstance, key: str) -> bool:
-    from dagster import AssetKey
-
-    done = instance.get_materialized_partitions(AssetKey("video_metadata"))
-    return key in done
-
-
 def _print_where(tables) -> None:
     from video_assets.core.tables import SCHEMAS
+    from video_assets.core.uploads.discovery import printable
 
     print("\nTables (Delta Lake; read with polars.read_delta):")
     for name in SCHEMAS:
@@ -471,7 +498,8 @@ def _print_where(tables) -> None:
         for uri, seg, status, prose, error in (
             caps.sort("uri").head(3).select("uri", "segment", "status", "prose", "error").iter_rows()
         ):
-            print(f"  {uri.rsplit('/', 1)[-1]} [{seg}] {status}: {(prose or error or '')[:90]!r}")
+            # A file name is the uploader's text: escaped, so a newline in it cannot forge a summary line.
+            print(f"  {printable(uri.rsplit('/', 1)[-1])} [{seg}] {status}: {(prose or error or '')[:90]!r}")
     if tables.exists("structured_events"):
         import polars as pl
 
@@ -813,6 +841,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "ray":
         return ray_service_command(args)
+    if args.command in ("demo", "register", "reprocess"):
+        from resources.lifetime import watch_stop_signals
+
+        watch_stop_signals()  # SIGTERM / SIGINT: nothing new starts, the process ends within its grace
+    try:
+        return _command(args)
+    except (KeyboardInterrupt, Stopped) as exc:
+        from resources.lifetime import stop_exit_code
+
+        note = f": {exc}" if str(exc) else ""
+        print(f"video-assets {args.command}: stopped by a signal{note}; run it again to complete", file=sys.stderr)
+        return stop_exit_code()
+
+
+def _command(args) -> int:
     home = init_instance()  # before anything else touches the instance
     if args.command == "init":
         print(f"Dagster instance ready: {home}")

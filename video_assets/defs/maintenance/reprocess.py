@@ -9,7 +9,7 @@ backfill does). ``video-assets reprocess --dry-run`` lists the plan; a second re
 
 from __future__ import annotations
 
-from dagster import AssetKey, AssetSelection, DagsterInstance
+from dagster import AssetKey, AssetSelection, DagsterInstance, DagsterRunStatus, RunsFilter
 
 from video_assets.core.staleness import stale_batches
 from video_assets.core.tables import CAPTIONS, SCHEMAS, STRUCTURED_EVENTS
@@ -57,3 +57,42 @@ def runs(order: list[str], plan: list[dict]) -> list[dict]:
         for first, last in consecutive_ranges(order, batches):
             out.append({"first": first, "last": last, "assets": list(assets)})
     return sorted(out, key=lambda r: order.index(r["first"]))
+
+
+# A run of the batch job that ended without finishing its batch (stopped by a signal, failed, canceled).
+UNFINISHED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+# The run tags Dagster documents for a partition and a partition range (a backfill's single run).
+PARTITION_TAG, RANGE_START_TAG, RANGE_END_TAG = (
+    "dagster/partition",
+    "dagster/asset_partition_range_start",
+    "dagster/asset_partition_range_end",
+)
+
+
+def incomplete_batches(instance: DagsterInstance, graph, order: list[str]) -> dict[str, str]:
+    """``{batch: reason}`` for each batch of ``order`` (the partitions, in order) that a run left unfinished:
+    a per-batch asset never materialised for it (a run stopped or failed after ``video_metadata``), or the
+    latest batch run that covered it did not succeed. A rerun of the batch job completes it."""
+    assets = sorted(AssetSelection.tag(*PER_BATCH_TAG).resolve(graph))
+    done = {key: set(instance.get_materialized_partitions(key)) for key in assets}
+    out: dict[str, str] = {}
+    for batch in order:
+        missing = [k.to_user_string() for k in assets if batch not in done[k]]
+        if missing:
+            out[batch] = f"{len(missing)} of {len(assets)} per-batch assets missing ({', '.join(missing[:3])}...)"
+    position = {b: i for i, b in enumerate(order)}
+    seen: set[str] = set()
+    for record in instance.get_run_records(RunsFilter(job_name="batch_pipeline")):  # newest first
+        run = record.dagster_run
+        tags = run.tags
+        first = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)
+        last = tags.get(PARTITION_TAG) or tags.get(RANGE_END_TAG)
+        if first not in position or last not in position:
+            continue
+        for batch in order[position[first] : position[last] + 1]:
+            if batch in seen:
+                continue
+            seen.add(batch)
+            if run.status in UNFINISHED and batch not in out:
+                out[batch] = f"its last run ({run.run_id[:8]}) ended {run.status.value}"
+    return out
