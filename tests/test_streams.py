@@ -6,6 +6,7 @@ the volume when whole; a camera whose URL is wrong never stops the others."""
 import functools
 import http.server
 import os
+import re
 import signal
 import threading
 import time
@@ -67,6 +68,7 @@ def test_cameras_are_configuration_and_a_bad_entry_names_its_camera(tmp_path, mo
     )
     dock, gate = load_cameras(good)
     assert (dock.segment_s, gate.segment_s) == (30.0, 10.0)
+    assert (gate.allowed_hosts, gate.max_playlist_bytes) == ((), 1 << 20)  # a playlist's own host, 1 MiB
     monkeypatch.setenv("DOCK_USER", "ops")
     monkeypatch.setenv("DOCK_PASSWORD", "s3cr3t/!")
     assert dock.open_url(os.environ) == "rtsp://ops:s3cr3t%2F%21@10.0.0.5:554/s1"  # only for the demuxer
@@ -81,6 +83,8 @@ def test_cameras_are_configuration_and_a_bad_entry_names_its_camera(tmp_path, mo
         ('[[camera]]\nname = "e"\nurl = "/dev/video0"\ncolour = "red"\n', "camera 'e'.*colour"),
         ('[[camera]]\nname = "bad name!"\nurl = "/dev/video0"\n', r"camera 'bad\?name\?'.*name"),
         ('[[camera]]\nname = "f"\nurl = "/a"\n[[camera]]\nname = "f"\nurl = "/b"\n', "camera 'f'.*twice"),
+        ('[[camera]]\nname = "g"\nurl = "http://h/x.m3u8"\nallowed_hosts = ["cdn a"]\n', "camera 'g'.*host:port"),
+        ('[[camera]]\nname = "h"\nurl = "http://h/x.m3u8"\nmax_playlist_bytes = 1e9\n', "camera 'h'.*max_playlist"),
         ("[[camera]]\nurl = 3\n", "camera '#1'"),
         ("cameras = 1\n", "unknown top-level"),
         ("not toml [", "not TOML"),
@@ -177,7 +181,7 @@ def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path)
     assert started.returncode == 0, started.stderr[-2000:]
     pid = int(started.stdout.split("pid ")[1].split(")")[0])
     try:
-        assert psutil.pid_exists(pid) and "recording (pid" in cli_run("--status").stdout
+        assert psutil.pid_exists(pid) and "recorder running (pid" in cli_run("--status").stdout
         again = cli_run("--config", str(config), "--detach")
         assert again.returncode == 2 and f"already recording (pid {pid})" in again.stderr
         deadline = time.monotonic() + 60
@@ -517,3 +521,206 @@ def test_retention_deletes_old_segments_but_keeps_the_evidence(tmp_path, capsys)
     assert retention(tables, volume, 7, False, now) == 0
     assert "1 segment(s) deleted, 1 kept" in capsys.readouterr().out
     assert sorted(p.name for p in folder.iterdir()) == ["new.mp4", "old_label.mp4"]
+
+
+# -- cameras that fail say so: the status, the log, a health row; HLS hosts and playlist bytes bounded ---------
+
+
+def _listen(behaviour) -> tuple[int, threading.Event]:
+    """A TCP listener on 127.0.0.1 running ``behaviour(conn, done)`` for each connection, until ``done``."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.settimeout(0.2)
+    done = threading.Event()
+
+    def serve(conn):
+        with conn:
+            behaviour(conn, done)
+
+    def loop():
+        with sock:
+            while not done.is_set():
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    continue
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return sock.getsockname()[1], done
+
+
+def _endless_playlist(conn, done):
+    """An HTTP answer whose playlist never ends, as fast as the socket takes it."""
+    conn.recv(65536)
+    entries = b"".join(b"#EXTINF:2.0,\nseg%d.ts\n" % i for i in range(4096))
+    try:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.apple.mpegurl\r\nConnection: close\r\n\r\n")
+        conn.sendall(b"#EXTM3U\n#EXT-X-TARGETDURATION:2\n")
+        while not done.is_set():
+            conn.sendall(entries)
+    except OSError:  # the recorder hung up
+        pass
+
+
+# How much the recorder process may grow (its peak, VmHWM, over its size as it started the cameras) with the
+# five cameras below: measured 9-40 MB here. The old recorder read the endless playlist for stall_s (10 s)
+# each attempt: 555 -> 1514 MB in 40 s.
+GROWTH_MB = 150
+
+
+def _memory_mb(pid: int, field: str) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(rf"{field}:\s+(\d+) kB", f.read()).group(1)) / 1024
+
+
+@pytest.mark.slow
+def test_cameras_that_cannot_record_say_why_in_the_status_the_log_and_a_health_row(hls, tmp_path):
+    """A refused playlist, an RTSP server that accepts and never answers, a port that is not HTTP and an
+    endless playlist beside a good camera: ``record --status`` names each failing camera with its reason,
+    the log has a warning per failed attempt, each camera has a ``camera_health`` row, and the recorder's
+    memory grows by less than GROWTH_MB (an endless playlist is read up to ``max_playlist_bytes``)."""
+    import subprocess
+    import sys
+
+    import polars as pl
+
+    from tests.fixtures.processes import free_port
+    from tests.fixtures.samples import REPO
+
+    silent, silent_done = _listen(lambda conn, done: done.wait(60))
+    banner, banner_done = _listen(lambda conn, done: conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n") or done.wait(60))
+    endless, endless_done = _listen(_endless_playlist)
+    volume, tables, home = tmp_path / "volume", tmp_path / "tables", tmp_path / "home"
+    volume.mkdir()
+    home.mkdir()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "VIDEO_VOLUME_URI": str(volume), "VIDEO_TABLES_URI": str(tables)}
+    env |= {"PYTHONPATH": str(REPO), "CAM_PASSWORD": "hunter2"}
+    config = tmp_path / "cams.toml"
+    cameras = {
+        "good": (hls, "segment_s = 60"),
+        "refused": (f"http://127.0.0.1:{free_port()}/live.m3u8", 'password_env = "CAM_PASSWORD"'),
+        "silent": (f"rtsp://127.0.0.1:{silent}/cam", "stall_s = 2"),
+        "not-http": (f"http://127.0.0.1:{banner}/live.m3u8", "stall_s = 2"),
+        # stall_s = 10: bounded by bytes, not by time (the old recorder read 10 s of it, then tried again)
+        "endless": (f"http://127.0.0.1:{endless}/live.m3u8", 'stall_s = 10\npassword_env = "CAM_PASSWORD"'),
+    }
+    config.write_text(
+        "".join(f'[[camera]]\nname = "{n}"\nurl = "{u}"\n{extra}\n\n' for n, (u, extra) in cameras.items())
+    )
+    cli = [sys.executable, "-m", "video_assets.cli", "record"]
+
+    def cli_run(*args):
+        return subprocess.run([*cli, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+
+    started = cli_run("--config", str(config), "--detach")
+    assert started.returncode == 0, started.stderr[-2000:]
+    pid = int(started.stdout.split("pid ")[1].split(")")[0])
+    start_mb = _memory_mb(pid, "VmRSS")  # the cameras have just started
+    expected = {
+        "refused": "Connection refused",
+        "silent": "no answer within 2 s",
+        "not-http": "BadStatusLine: SSH-2.0-OpenSSH_9.2",
+        "endless": "playlists larger than max_playlist_bytes=1048576",
+    }
+    try:
+        deadline, lines = time.monotonic() + 150, {}
+        while True:  # each failing camera named with its reason, twice in a row (a retry); the good one recording
+            status = cli_run("--status").stdout
+            lines = dict(re.findall(r"^  ([\w-]+): (.*)$", status, re.M))
+            failing = all(
+                f"{name}: failing since" in f"{name}: {lines.get(name, '')}" and why in lines[name]
+                and re.search(r"\b([2-9]|\d\d+) failed in a row", lines[name])
+                for name, why in expected.items()
+            )  # fmt: skip
+            if failing and "last segment: /" in lines.get("good", ""):
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(1)
+        peak_mb = _memory_mb(pid, "VmHWM")
+    finally:
+        cli_run("--stop")  # before the servers go: the last attempts fail as the ones before
+        for done in (silent_done, banner_done, endless_done):
+            done.set()
+    assert lines["good"].startswith(("recording", "connecting")) and "failed in a row" not in lines["good"]
+    assert peak_mb - start_mb < GROWTH_MB, f"the recorder grew from {start_mb:.0f} MB to {peak_mb:.0f} MB"
+    # The health rows: one per camera, written as it stopped.
+    health = {r["camera"]: r for r in pl.read_delta(str(tables / "camera_health")).to_dicts()}
+    assert set(health) == set(cameras) and {r["status"] for r in health.values()} == {"stopped"}
+    for name, why in expected.items():
+        row = health[name]
+        assert why in row["last_error"] and row["consecutive_failures"] >= 2 and row["last_segment"] is None, row
+        assert row["source"] == cameras[name][0] and row["connects"] >= row["consecutive_failures"]
+    assert health["good"]["last_segment"].startswith(str(volume / "streams" / "good"))
+    # The log: a warning for each failed attempt, with its reason; never the password.
+    log = (home / "streams" / "recorder.log").read_text()
+    for name, why in expected.items():
+        warned = [line for line in log.splitlines() if f" WARNING {name} (" in line]
+        assert len(warned) >= 2 and all(why in line for line in warned), (name, warned)
+    assert "hunter2" not in log + status + str(health)
+
+
+def _serve_folder(root) -> tuple[str, http.server.ThreadingHTTPServer, list[str]]:
+    """``root`` over HTTP on 127.0.0.1 (a 302 for ``/moved/<path>`` to ``$REDIRECT/<path>``); the paths asked."""
+    asked = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **k):
+            super().__init__(*a, directory=str(root), **k)
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            asked.append(self.path)
+            if self.path.startswith("/moved/"):
+                self.send_response(302)
+                self.send_header("Location", (root / "REDIRECT").read_text() + self.path.removeprefix("/moved"))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server, asked
+
+
+def test_a_playlist_sends_the_recorder_only_to_its_own_host_unless_allowed(tmp_path):
+    """Segments named on another host and port than the playlist's, or a redirect there, are refused (naming
+    the host) and never asked for; ``allowed_hosts`` lets them in."""
+    from urllib.parse import urlsplit
+
+    other_root, home_root = tmp_path / "other", tmp_path / "home"
+    other_root.mkdir()
+    home_root.mkdir()
+    other, other_server, other_asked = _serve_folder(other_root)
+    home, home_server, home_asked = _serve_folder(home_root)
+    try:
+        options = {"hls_time": "2", "hls_list_size": "0", "hls_segment_type": "mpegts"}
+        source = _write_panning_clip(other_root / "live.m3u8", FRAMES, seed=5, format="hls", options=options)
+        # home's playlist names each segment on other (another port: another service)
+        lines = source.read_text().splitlines()
+        (home_root / "live.m3u8").write_text("\n".join(f"{other}/{x}" if x.endswith(".ts") else x for x in lines))
+        (home_root / "REDIRECT").write_text(other)
+        host = urlsplit(other).netloc
+        for url in (f"{home}/live.m3u8", f"{home}/moved/live.m3u8"):  # the second: a 302 to other's playlist
+            health = []
+            camera = Camera(name="lab", url=url, segment_s=60)
+            recorder = Recorder(camera, tmp_path / "refused", lambda row: None, on_health=health.append)
+            recorder.record(max_connects=1)
+            assert recorder.segments == 0 and other_asked == [], url
+            assert health[-1]["consecutive_failures"] == 1 and health[-1]["status"] == "stopped"
+            assert f"{host} is not the playlist's host" in health[-1]["last_error"], health[-1]
+        assert home_asked == ["/live.m3u8", "/moved/live.m3u8"]
+        rows = []
+        allowed = Camera(name="lab", url=f"{home}/live.m3u8", segment_s=60, allowed_hosts=[host])
+        Recorder(allowed, tmp_path / "allowed", rows.append).record(max_connects=1)
+        assert [r["frames"] for r in rows] == [FRAMES] and other_asked == [f"/live{i}.ts" for i in range(6)]
+    finally:
+        for server in (other_server, home_server):
+            server.shutdown()
+            server.server_close()

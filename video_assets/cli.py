@@ -172,8 +172,10 @@ def record_command(args) -> int:
     """Record every camera of ``--config`` into the volume (``core.streams``), one thread per camera, until
     interrupted (or ``--seconds``); each finished segment is a ``stream_segments`` row. One recorder per
     instance, known by its pid file: ``--detach`` starts it in the background, ``--stop`` ends it (SIGTERM:
-    the segments being written are finished), ``--status`` says whether it runs."""
+    the segments being written are finished), ``--status`` says whether it runs and what each camera does
+    (its ``camera_health`` row); each failed connection is logged at warning level."""
     import json
+    import logging
     import os
     import signal
     import threading
@@ -190,7 +192,8 @@ def record_command(args) -> int:
             print("no recorder running")
             return 0
         if args.status:
-            print(f"recording (pid {running['pid']}, {running['config']}); log {log_file}")
+            print(f"recorder running (pid {running['pid']}, {running['config']}); log {log_file}")
+            print("\n".join(_camera_lines(running)))
             return 0
         return _stop_recorder(running["pid"], pid_file)
     if not args.config:
@@ -214,7 +217,13 @@ def record_command(args) -> int:
     except ValueError as exc:
         print(f"video-assets record: {exc}", file=sys.stderr)
         return 2
-    stop, on_segment = threading.Event(), segment_writer(tables)
+    stop, on_segment, on_health = threading.Event(), segment_writer(tables), health_writer(tables)
+    handler = logging.StreamHandler()  # stderr: the terminal, or the detached recorder's log
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    streams_log = logging.getLogger("video_assets.core.streams")
+    streams_log.addHandler(handler)
+    streams_log.setLevel(logging.INFO)
+    streams_log.propagate = False
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if args.seconds:
@@ -226,7 +235,7 @@ def record_command(args) -> int:
         for c in cameras:
             print(f"recording {c.name} from {c.redacted} into {folders[c.name]} (segments of {c.segment_s:g} s)",
                   flush=True)  # fmt: skip
-        record_all(cameras, folders.__getitem__, on_segment, stop, env=stream_credentials())
+        record_all(cameras, folders.__getitem__, on_segment, stop, env=stream_credentials(), on_health=on_health)
     finally:
         pid_file.unlink(missing_ok=True)
     print("recorder stopped", flush=True)
@@ -254,6 +263,55 @@ def segment_writer(tables):
               flush=True)  # fmt: skip
 
     return on_segment
+
+
+def health_writer(tables):
+    """What the recorder does with each change of a camera's health: its ``camera_health`` row (key ``camera``)."""
+    import threading
+
+    from video_assets.core.tables import CAMERA_HEALTH, KEYS, to_arrow
+
+    lock = threading.Lock()
+
+    def on_health(row: dict) -> None:
+        with lock:
+            tables.merge(CAMERA_HEALTH, to_arrow(CAMERA_HEALTH, [row]), KEYS[CAMERA_HEALTH])
+
+    return on_health
+
+
+def _camera_lines(running: dict) -> list[str]:
+    """One line per camera of the running recorder's config, from the ``camera_health`` rows it wrote."""
+    from datetime import UTC, datetime
+
+    from video_assets.core.streams.config import load_cameras
+    from video_assets.core.tables import CAMERA_HEALTH, SCHEMAS
+
+    try:
+        names = [c.name for c in load_cameras(running["config"])]
+        rows = _resources("tables")["tables"].read(CAMERA_HEALTH, SCHEMAS[CAMERA_HEALTH]).to_dicts()
+    except Exception as exc:  # the status still says the recorder runs
+        return [f"  cameras unknown: {exc.__class__.__name__}: {exc}"]
+    started = datetime.fromtimestamp(running["started_at"], UTC)
+    health = {r["camera"]: r for r in rows if r["updated_at"] >= started}  # this recorder's, not a previous one's
+
+    def at(t) -> str:
+        return f"{t:%Y-%m-%d %H:%M:%S}Z"
+
+    lines = []
+    for name in names:
+        r = health.get(name)
+        if r is None:
+            lines.append(f"  {name}: connecting (no report yet)")
+            continue
+        line = f"  {name}: {r['status']} since {at(r['since'])}, {r['connects']} connection(s)"
+        if r["consecutive_failures"]:
+            line += f", {r['consecutive_failures']} failed in a row"
+        if r["last_error"]:
+            line += f"; last error ({at(r['last_error_at'])}): {r['last_error']}"
+        last = f"{r['last_segment']} ({at(r['last_segment_at'])})" if r["last_segment"] else "none"
+        lines.append(f"{line}; last segment: {last}")
+    return lines
 
 
 def _detach_recorder(args, pid_file: Path, log_file: Path) -> int:

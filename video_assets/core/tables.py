@@ -37,6 +37,7 @@ REVIEW_LABELS = "review_labels"
 PROMOTION_DIFFS = "promotion_diffs"
 STREAM_SEGMENTS = "stream_segments"
 ALERT_DELIVERIES = "alert_deliveries"
+CAMERA_HEALTH = "camera_health"
 # What the promotion job makes to judge a challenger against production on a golden set: tables of their
 # own (the captions, structured_events and eval_scores schemas), so the pipeline's tables hold only what
 # their own assets wrote.
@@ -492,6 +493,27 @@ SCHEMAS[STREAM_SEGMENTS] = pa.schema(
         ),
     ]
 )
+# What each camera's recorder is doing now (core.streams.recorder): one row per camera, rewritten as it changes.
+SCHEMAS[CAMERA_HEALTH] = pa.schema(
+    [
+        pa.field("camera", pa.string(), nullable=False, metadata={"doc": "camera name (the config's)"}),
+        pa.field("source", pa.string(), nullable=False, metadata={"doc": "the stream URL, without credentials"}),
+        pa.field("status", pa.string(), nullable=False, metadata={"doc": "connecting | recording | failing | stopped"}),
+        pa.field("since", _TS, nullable=False, metadata={"doc": "when the camera took this status"}),
+        pa.field("connects", pa.int32(), nullable=False, metadata={"doc": "connection attempts by this recorder"}),
+        pa.field(
+            "consecutive_failures",
+            pa.int32(),
+            nullable=False,
+            metadata={"doc": "attempts in a row that recorded nothing; 0 once a segment starts"},
+        ),
+        pa.field("last_error", pa.string(), metadata={"doc": "why the last connection ended (no credentials)"}),
+        pa.field("last_error_at", _TS, metadata={"doc": "when it ended"}),
+        pa.field("last_segment", pa.string(), metadata={"doc": "the last segment written (stream_segments.uri)"}),
+        pa.field("last_segment_at", _TS, metadata={"doc": "when it was written"}),
+        pa.field("updated_at", _TS, nullable=False, metadata={"doc": "when this row was written"}),
+    ]
+)
 # What a challenger changes (core.evaluation.diff): per promotion decision, use case and video, both
 # candidates' answers side by side, over the golden videos and a shadow sample of the archive.
 SCHEMAS[PROMOTION_DIFFS] = pa.schema(
@@ -617,6 +639,7 @@ KEYS: dict[str, list[str]] = {
     REVIEW_LABELS: ["label_id"],
     PROMOTION_DIFFS: ["decision_id", "use_case", "video_id"],
     STREAM_SEGMENTS: ["uri"],
+    CAMERA_HEALTH: ["camera"],
     ALERT_DELIVERIES: ["alert_id", "destination"],
 }
 

@@ -6,13 +6,17 @@
     segment_s = 30                        # cut at the first keyframe at or after this many seconds
     username_env = "DOCK1_USER"           # credentials by environment variable name: never in the file,
     password_env = "DOCK1_PASSWORD"       # never stored, never logged (``redacted``)
-    stall_s = 10                          # no packet for this long: the connection is dropped and retried
+    stall_s = 10                          # no packet (or no answer to a connect) for this long: dropped, retried
+    allowed_hosts = ["cdn.example"]       # HLS only: hosts (host or host:port) besides the playlist's own that its
+                                          # segments and variant playlists may come from
+    max_playlist_bytes = 1048576          # HLS only: the playlists held at once, in bytes (the recorder's memory)
 
 A bad entry is an error naming the camera (or its position when it has no usable name).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -22,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from video_assets.core.config_files import load_entries
 
 SCHEMES = ("rtsp", "rtsps", "http", "https")
+HOST = r"^(?:[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?$"  # a host or [IPv6], optional :port
 
 
 class Camera(BaseModel):
@@ -32,6 +37,16 @@ class Camera(BaseModel):
     username_env: str | None = Field(default=None, pattern=r"^[A-Z_][A-Z0-9_]*$")
     password_env: str | None = Field(default=None, pattern=r"^[A-Z_][A-Z0-9_]*$")
     stall_s: float = Field(default=10.0, gt=0, le=600)
+    allowed_hosts: tuple[str, ...] = Field(default=(), max_length=64)
+    max_playlist_bytes: int = Field(default=1 << 20, ge=4096, le=16 << 20)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def hosts(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [h for h in hosts if not re.fullmatch(HOST, h)]
+        if bad:
+            raise ValueError(f"not a host or host:port: {bad[0][:80]!r}")
+        return tuple(h.lower() for h in hosts)
 
     @field_validator("url")
     @classmethod
