@@ -77,6 +77,11 @@ class EmbeddedRay(LocalRay):
     )
 
     _session_dir: str | None = PrivateAttr(default=None)
+    _run_over: bool = PrivateAttr(default=False)
+
+    def on_connect(self, context) -> None:  # type: ignore[override]
+        if self.connected:  # not "connected" when the run was over and nothing was started
+            super().on_connect(context)
 
     @property
     def ray_address(self) -> str | None:  # type: ignore[override]
@@ -98,6 +103,9 @@ class EmbeddedRay(LocalRay):
         folder (``ray_temp_root``), removed again when the step ends."""
         from dagster_ray.utils import _process_dagster_env_vars
 
+        if self._run_over:
+            return None
+
         options = _process_dagster_env_vars(dict(self.ray_init_options))
         if self.ray_address is None and not os.environ.get("RAY_ADDRESS"):
             options.setdefault("_temp_dir", str(ray_temp_root() / EMBEDDED_TEMP))
@@ -118,6 +126,10 @@ class EmbeddedRay(LocalRay):
         if exit_with_run_process():  # a step process: a stop signal (from its run) also stops what starts here
             watch_stop_signals(handlers=False)
         self._session_dir = None
+        # `dagster job execute` builds its result by initialising every resource again once the run has
+        # ended (succeeded, failed, or stopped by a signal): no step runs then, so no Ray is started for it.
+        run = context.dagster_run
+        self._run_over = run is not None and run.is_finished
         try:
             with embedded_ray_auth(), super().yield_for_execution(context) as resource:
                 yield resource

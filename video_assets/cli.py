@@ -585,11 +585,13 @@ def _print_where(tables) -> None:
 
 def recover(instance: DagsterInstance) -> list[str]:
     """Runs left STARTED by a killed run process: marked failed, their slots freed (every command does this first)."""
-    from video_assets.defs.orphans import fail_orphaned_runs
+    from video_assets.defs.orphans import fail_orphaned_runs, free_slots_of_finished_runs
 
     failed = fail_orphaned_runs(instance)
     for run_id in failed:
         print(f"run {run_id}: its process is gone; marked failed (rerun its batch to complete it)")
+    for run_id in free_slots_of_finished_runs(instance):
+        print(f"run {run_id}: ended with a concurrency slot still claimed; freed")
     return failed
 
 

@@ -34,3 +34,24 @@ def fail_orphaned_runs(instance: DagsterInstance) -> list[str]:
         instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         failed.append(run.run_id)
     return failed
+
+
+def free_slots_of_finished_runs(instance: DagsterInstance) -> list[str]:
+    """Free the concurrency slots still claimed by runs that have ended: a step interrupted while it set up
+    (a stop signal to `dagster job execute` mid-start) can leave its slot claimed after its run failed, and
+    with no daemon to free it the pool's next step waits forever. Returns the runs whose slots were freed."""
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return []
+    held = {
+        slot.run_id
+        for pool in storage.get_concurrency_keys()
+        for slot in storage.get_concurrency_info(pool).claimed_slots
+    }
+    freed = []
+    for run_id in sorted(held):
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.is_finished:
+            storage.free_concurrency_slots_for_run(run_id)
+            freed.append(run_id)
+    return freed
