@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from dagster import materialize
 
@@ -291,12 +292,15 @@ def test_a_video_counts_as_captioned_only_when_every_planned_segment_is_ok():
     # A table written before the completeness columns existed reads the same way.
     legacy = df.drop("segments", "split")
     assert sorted(captioned_ok(legacy, "1", 1, split="s")) == ["legacy", "one_missing", "other_split", "whole"]
-    assert SCHEMAS[CAPTIONS].field("segments") is not None
+    # The planned count each video's rows carry is read back exactly (``segments``); a legacy row has none.
+    planned = dict(video_completeness(df, "1", 1).select("video_id", "planned").iter_rows())
+    assert planned == {"whole": 3, "one_failed": 3, "one_missing": 3, "other_split": 1, "legacy": None}
+    assert set(video_completeness(legacy, "1", 1)["planned"].to_list()) == {None}
+    assert SCHEMAS[CAPTIONS].field("segments").type == pa.int32()
 
 
 def test_a_table_from_before_the_completeness_columns_takes_new_rows(tmp_path):
     """Captions tables written before ``segments``/``split`` existed get the columns, then the rows."""
-    import pyarrow as pa
     from deltalake import write_deltalake
 
     tables = DeltaTables(root_uri=str(tmp_path))

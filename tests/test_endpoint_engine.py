@@ -144,11 +144,14 @@ def test_an_endpoint_that_does_not_answer_fails_the_step_at_once_naming_the_sett
     with stub_server({"model": "stub-vlm"}, tmp_path) as stub:
         res = _resources(resources, session_ray, tmp_path, stub, "sk-x")
         assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
-    started = time.monotonic()
     _, result = caption_new_batch(instance, res, volume_dir, CLIPS, RUN_CONFIG)  # the server is gone now
-    assert not result.success and time.monotonic() - started < 60
+    assert not result.success
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert failure.step_key == "captions" and "VLM_ENDPOINT_URL" in str(failure.event_specific_data.error)
+    error = str(failure.event_specific_data.error)
+    assert failure.step_key == "captions" and "VLM_ENDPOINT_URL" in error
+    # At once, shown by the path taken: the check before the job (one GET /models, refused), not the job's
+    # retried requests ("gave no answer after N tries") nor a timeout waited out.
+    assert "did not answer" in error and "Connection refused" in error and "gave no answer" not in error, error
     assert not res["tables"].exists("captions")
 
 
@@ -163,9 +166,7 @@ def test_an_endpoint_that_errors_or_stalls_loses_no_video(
     nothing is missing, so the next run captions them again."""
     with stub_server({"model": "stub-vlm", "faults": {"Frames sampled at": fault}}, tmp_path) as stub:
         res = _resources(resources, session_ray, tmp_path, stub, "sk-x", endpoint_timeout_s=1.0)
-        started = time.monotonic()
         _, result = _caption_batch(instance, res, volume_dir)
-        took = time.monotonic() - started
         assert result.success, _logs(instance, result.run_id)[-3000:]
         caps = pl.read_delta(res["tables"].table_uri("captions"))
         assert sorted(caps["uri"].str.split("/").list.last()) == sorted(CLIPS)  # nothing lost
@@ -177,4 +178,3 @@ def test_an_endpoint_that_errors_or_stalls_loses_no_video(
         logs = _logs(instance, result.run_id)
         assert "gave no answer after" in logs or "no result" in logs
         assert "base64" not in logs  # the frames are not quoted in the logs
-        assert took < 240

@@ -21,6 +21,7 @@ from video_assets.core.structuring import usecase as uc_mod
 from video_assets.definitions import defs
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.evaluation.assets import eval_scores, golden_set
+from video_assets.defs.evaluation.checks import FloorsConfig, eval_scores_above_floors
 from video_assets.defs.evaluation.checks import evaluation_checks as eval_checks
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.registration import register_new_files
@@ -171,13 +172,26 @@ def test_every_caption_becomes_a_routed_scored_row(
     meta = result.asset_materializations_for_node("eval_scores")[0].metadata
     assert meta["object_handling/confusion"].value.startswith("![confusion matrix](data:image/png;base64,")
     checks = {
-        e.check_name: e.passed
-        for e in result.get_asset_check_evaluations()
-        if e.asset_key.to_user_string() == "eval_scores"
+        e.check_name: e for e in result.get_asset_check_evaluations() if e.asset_key.to_user_string() == "eval_scores"
     }
-    # Random weights: coverage is whatever it is, but the floor check must agree with the row.
-    assert checks["unique_key"] and checks["required_columns"]
-    assert checks["eval_scores_above_floors"] == bool((scores["coverage"] >= 0.9).all())
+    assert checks["unique_key"].passed and checks["required_columns"].passed
+    # Random weights: the scores are whatever they are. The floor check ran in the run with its default floors;
+    # its rule is shown against floors these rows must meet and floors they cannot all meet.
+    ran = checks["eval_scores_above_floors"]
+    assert ran.metadata["floors"].value == {"flagged_f1": 0.0, "coverage": 0.9, "event_f1": 0.0}
+    assert ran.metadata["use_cases"].value == 2
+    zero = eval_scores_above_floors(
+        config=FloorsConfig(min_flagged_f1=0, min_coverage=0, min_event_f1=0), tables=res["tables"]
+    )
+    assert zero.passed and zero.metadata["below_floor"].value == {}
+    metrics = ("flagged_f1", "coverage", "event_f1")
+    short = {f"{r['use_case']}.{k}": round(r[k], 4) for r in scores.to_dicts() for k in metrics if r[k] < 1}
+    assert short, "every score is 1.0 with random weights: no floor can fail"
+    perfect = eval_scores_above_floors(
+        config=FloorsConfig(min_flagged_f1=1, min_coverage=1, min_event_f1=1), tables=res["tables"]
+    )
+    assert not perfect.passed and perfect.metadata["below_floor"].value == short
+    assert ran.passed == (ran.metadata["below_floor"].value == {})
 
 
 def _decisions(result):

@@ -285,9 +285,15 @@ def test_the_whole_graph_on_s3_and_an_mlflow_server(bucket, mlflow_server, insta
     tables = res["tables"]
     assert not tables.exists("no_such_table") and tables.version("no_such_table") is None
     assert tables.read("no_such_table").is_empty()
-    assert tables.exists("captions") and tables.version("captions") >= 0
+    # The version is the newest commit in the table's log in the bucket, and one write (a delete) adds one.
+    log = fs.get_file_info(pafs.FileSelector(f"{bucket}/tables/captions/_delta_log"))
+    commits = sorted(int(Path(f.path).stem) for f in log if f.path.endswith(".json"))
+    assert commits and tables.exists("captions") and tables.version("captions") == commits[-1], commits
     assert tables.maintain("captions")["table"] == "captions"
     tables.delete("routed_events_probe", "true")  # a missing table: nothing to do
+    assert tables.version("routed_events_probe") is None  # and nothing created
     first = raw["video_id"][0]
+    before = tables.version("video_metadata")
     tables.delete("video_metadata", f"video_id = '{first}'")
+    assert tables.version("video_metadata") == before + 1
     assert first not in set(read("video_metadata")["video_id"]) and read("video_metadata").height == len(clips) - 1

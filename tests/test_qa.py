@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -158,11 +157,13 @@ def test_a_server_without_response_format_gets_the_plan_in_words(searcher, tmp_p
 
 def test_an_unreachable_endpoint_falls_back_fast_naming_the_setting(searcher):
     port = free_port()  # nothing listens there
-    started = time.monotonic()
     answer = ask("Who pours coffee?", searcher, LlmClient(f"http://127.0.0.1:{port}/v1", "m", timeout_s=5))
-    assert time.monotonic() - started < 5
     assert answer.mode == "fallback" and answer.text.startswith(LLM_FAILED)
-    assert any("LLM_BASE_URL" in n for n in answer.notes)
+    # Fast, shown by the path taken rather than a clock: the refusal itself ends the planning (a connection
+    # error, not the 5 s timeout waited out), and the failed endpoint is not asked again for the answer.
+    [note] = [n for n in answer.notes if "language model" in n]
+    assert note.startswith("language model unavailable, deterministic plan used")
+    assert "APIConnectionError" in note and "Timeout" not in note and "LLM_BASE_URL" in note, note
     assert answer.citations[0]["uri"].endswith("sam2_04_coffee.mp4")
     with pytest.raises(LlmUnavailable, match="LLM_BASE_URL"):
         LlmClient(f"http://127.0.0.1:{port}/v1", "m", timeout_s=5).check()

@@ -271,6 +271,26 @@ def _private_mounts() -> bool:
     return probe.returncode == 0
 
 
+def _wait_for_pending_map_actor(job, timeout_s: float = 120) -> None:
+    """Until this driver's Ray Data job has a model actor waiting for a node (``PENDING_CREATION``): the job
+    is running and its stage cannot be placed yet. Bounded polling on the condition, not a fixed sleep."""
+    import ray
+    from ray._private import state
+
+    job_id = ray.get_runtime_context().get_job_id()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        actors = state.actors().values()
+        if any(
+            a["JobID"] == job_id and a["State"] == "PENDING_CREATION" and a["ActorClassName"].startswith("MapWorker(")
+            for a in actors
+        ):
+            return
+        assert job.is_alive(), "the job ended before its engine stage waited for the node"
+        assert time.monotonic() < deadline, f"no actor of the job waits for a node after {timeout_s} s: {list(actors)}"
+        time.sleep(0.5)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_node_that_joins_after_the_step_started_fetches_the_model_for_its_engine(
@@ -320,8 +340,8 @@ def test_a_node_that_joins_after_the_step_started_fetches_the_model_for_its_engi
 
         job = threading.Thread(target=run, daemon=True)
         job.start()
-        time.sleep(5)  # the job is running, its engine stage waiting for a node
-        assert job.is_alive() and not rows
+        _wait_for_pending_map_actor(job)  # the job is running, its engine stage waiting for a node
+        assert job.is_alive() and not rows and not errors, errors
         # Its own disk for the cache folder: an empty tmpfs over it, seen only by this node's processes.
         late = _join_node(address, resources={"late_node": 1}, private_tmpfs=cache, wait=False)
         job.join(timeout=240)
@@ -502,16 +522,22 @@ def test_the_accelerator_pool_follows_the_clusters_gpus(two_node_cluster, dagste
 
 
 class _RecordsItsGpu:
-    """A stand-in archive model actor: records where it started and the GPUs Ray gave it, then passes rows on."""
+    """A stand-in archive model actor: records where it started and the GPUs Ray gave it, then passes rows on
+    once ``expected`` actors have recorded themselves (or ``wait_s`` has passed): the job lasts until every
+    actor of the pool is up however slowly the machine starts them, and a pool that never reaches the
+    number ends the wait and shows in the count, never a hang."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, expected: int, wait_s: float = 120):
         import ray
 
+        self.folder, self.expected, self.deadline = Path(folder), expected, time.monotonic() + wait_s
         record = {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
-        Path(folder, f"{os.getpid()}.json").write_text(json.dumps(record))
+        (self.folder / f"{os.getpid()}.json.part").write_text(json.dumps(record))
+        (self.folder / f"{os.getpid()}.json.part").rename(self.folder / f"{os.getpid()}.json")
 
     def __call__(self, batch):
-        time.sleep(2)  # one row per batch and block: the job lasts until every actor of the pool is up
+        while len(list(self.folder.glob("*.json"))) < self.expected and time.monotonic() < self.deadline:
+            time.sleep(0.2)
         return batch
 
 
@@ -520,7 +546,8 @@ class _RecordsItsGpu:
 def test_packaged_archive_models_run_four_to_a_gpu(two_node_cluster, tmp_path, monkeypatch):
     """The archive stages' packaged models (Whisper base, MiniLM, the frame encoder) reserve a quarter GPU per
     actor: with one GPU in the cluster (a node declaring one logical GPU joins), the stage's four model
-    actors all start on it, sharing GPU 0; at a whole GPU each only one could."""
+    actors all start on it, sharing GPU 0; at a whole GPU each only one could. The actors hold their rows
+    until all four have started (bounded): how fast a loaded machine starts them does not change the count."""
     import ray
 
     from resources.archive import SPEECH, ArchiveSettings
@@ -537,7 +564,11 @@ def test_packaged_archive_models_run_four_to_a_gpu(two_node_cluster, tmp_path, m
         archive = ArchiveSettings(cache_dir=str(tmp_path / "models"), concurrency=4)
         spec, device = archive.stage_spec(cluster_gpus(ray.nodes()), batch_size=1, kind=SPEECH)
         assert (device, spec.model_num_gpus, spec.model_concurrency) == ("cuda", 0.25, 4)
-        rows = list(stream([{"i": i} for i in range(8)], None, {}, _RecordsItsGpu, {"folder": str(records)}, spec))
+        rows = list(
+            stream(
+                [{"i": i} for i in range(8)], None, {}, _RecordsItsGpu, {"folder": str(records), "expected": 4}, spec
+            )
+        )
         assert sorted(r["i"] for r in rows) == list(range(8))
         started = [json.loads(p.read_text()) for p in records.iterdir()]
         gpu_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"] and "one_gpu" in n["Resources"]}

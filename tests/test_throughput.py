@@ -75,15 +75,32 @@ def test_a_steps_setup_cost_counts_from_its_own_start_not_the_runs(instance):
 
     @asset
     def slow_first() -> None:
-        time.sleep(3)
+        time.sleep(1)  # long enough that counting it would show: the bracket below is a few ms wide
+
+    body = {}
 
     @asset(deps=[slow_first])
     def timed(context: AssetExecutionContext) -> MaterializeResult:
-        return MaterializeResult(metadata={"cost": CostBreakdown(context).metadata()})
+        body["before"] = time.time()
+        cost = CostBreakdown(context)
+        body["after"] = time.time()
+        return MaterializeResult(metadata={"cost": cost.metadata()})
 
     result = materialize([slow_first, timed], instance=instance)
     wall = result.asset_materializations_for_node("timed")[0].metadata["cost"].value["wall_s"]
-    assert wall["setup"] < 1.5, wall
+    events = [e for e in instance.all_logs(result.run_id) if e.dagster_event is not None]
+    starts = {e.step_key: e.timestamp for e in events if e.dagster_event.event_type_value == "STEP_START"}
+    run_began = min(e.timestamp for e in events)
+    slow_done = max(e.timestamp for e in events if e.step_key == "slow_first")
+    # Not a wall-clock bound: the setup is the span from this step's own STEP_START to the body (bracketed by
+    # the clock read just before and after the breakdown was made; metadata rounds to 1 ms). Counted from the
+    # run's start it would also hold slow_first's step, which ended before this step started.
+    assert run_began < starts["slow_first"] < slow_done <= starts["timed"]
+    assert body["before"] - starts["timed"] - 0.001 <= wall["setup"] <= body["after"] - starts["timed"] + 0.001, (
+        wall,
+        body,
+        starts,
+    )
 
 
 def test_vllm_engine_time_counts_overlapping_requests_once():
