@@ -25,6 +25,7 @@ from pathlib import Path
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
+from resources.settings import model_reverify_after_s
 from video_assets.core.inference.model_cache import MANIFEST, ModelFiles, download_once, manifest_bytes
 
 PREFLIGHT_TIMEOUT_S = 5.0
@@ -334,24 +335,31 @@ class MlflowRegistry(ConfigurableResource):
         return challenger
 
     def download_model(self, name: str, alias: str, dest: Path) -> tuple[Path, str]:
-        """Download ``models:/name@alias`` to ``dest`` (cached per version); returns the model folder and version."""
-        files, version = self.model_files(name, alias, dest, node_cache_dir="")
+        """Download ``models:/name@alias`` to ``dest`` (cached per version), weights too; returns the model
+        folder and version."""
+        files, version = self.model_files(name, alias, dest, node_cache_dir="", weights=True)
         return Path(files.path), version
 
-    def model_files(self, name: str, alias: str, dest: Path, node_cache_dir: str) -> tuple[ModelFiles, str]:
+    def model_files(
+        self, name: str, alias: str, dest: Path, node_cache_dir: str, weights: bool = False
+    ) -> tuple[ModelFiles, str]:
         """``download_model`` plus what another node needs to fetch the same version into its
         ``node_cache_dir``: one alias lookup, so the folder and the artifact URI are one version."""
-        return self.version_files(self.resolve_alias(name, alias), dest, node_cache_dir)
+        return self.version_files(self.resolve_alias(name, alias), dest, node_cache_dir, weights)
 
-    def version_files(self, version, dest: Path, node_cache_dir: str) -> tuple[ModelFiles, str]:
-        """One registered version (an MLflow ModelVersion) downloaded under ``dest`` and checked against
-        the digests it was registered with; what other nodes need to fetch it too."""
+    def version_files(self, version, dest: Path, node_cache_dir: str, weights: bool = False) -> tuple[ModelFiles, str]:
+        """One registered version (an MLflow ModelVersion) fetched under ``dest`` and checked against the
+        digests it was registered with; what other nodes need to fetch it too. Only its small files unless
+        ``weights``: a step resolves the model without its weights, and whatever runs an engine on this
+        machine gets them through ``ModelFiles.here()`` (so a step whose engines run elsewhere never does)."""
         sha = (version.tags or {}).get(FILES_TAG)
         # Keyed by the artifact too: "v1" of a registry made anew (or of another store sharing the models
         # cache) is another model, not the cached one.
         folder = f"{version.name}-v{version.version}-{hashlib.sha256(version.source.encode()).hexdigest()[:12]}"
-        path = download_once(version.source, Path(dest) / folder, self.tracking_uri, sha)
-        return ModelFiles(str(path), version.source, node_cache_dir, self.tracking_uri, sha), str(version.version)
+        reverify = model_reverify_after_s()
+        path = download_once(version.source, Path(dest) / folder, self.tracking_uri, sha, weights, reverify)
+        files = ModelFiles(str(path), version.source, node_cache_dir, self.tracking_uri, sha, reverify)
+        return files, str(version.version)
 
     def artifact_uri(self, name: str, alias: str) -> str:
         """Where the version behind ``alias`` is stored: what a Ray actor on another node downloads."""

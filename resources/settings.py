@@ -67,6 +67,22 @@ def secrets_forwarded() -> bool:
     return on and bool(os.environ.get("RAY_ADDRESS"))
 
 
+def model_reverify_after_s() -> float | None:
+    """VIDEO_MODEL_REVERIFY_DAYS (default 7): a registered model's file is hashed once, then each use compares
+    its stamp (size, mtime, ctime, inode, sha256) and hashes only a file that changed; a stamp older than this
+    many days is hashed again in full. 0 hashes every file on every use: the full re-verify, for a change
+    made to keep the stamp (e.g. ``VIDEO_MODEL_REVERIFY_DAYS=0 video-assets demo`` once); ``never``: no
+    re-hash by age."""
+    raw = (os.environ.get("VIDEO_MODEL_REVERIFY_DAYS") or "7").strip().lower()
+    if raw == "never":
+        return None
+    try:
+        days = float(raw)
+    except ValueError:
+        raise ValueError(f"VIDEO_MODEL_REVERIFY_DAYS={raw!r}: a number of days, 0, or never") from None
+    return max(0.0, days) * 86400.0
+
+
 def default_models_dir() -> str:
     return str(dagster_home() / "models")
 

@@ -2,6 +2,7 @@
 once per node: concurrent actors wait on one download."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,7 @@ def test_a_model_file_changed_by_one_byte_is_refused_naming_the_file(tiny_model_
     assert len(version.tags["files_sha256"]) == 64
     files, _ = reg.model_files("captioner", "production", tmp_path / "dl", node_cache_dir=str(tmp_path / "nodes"))
     assert files.files_sha256 == version.tags["files_sha256"]
+    assert files.here() == files.path  # the step fetched the small files; an engine here adds the weights
     weights = max(Path(files.path).rglob("*.safetensors"), key=lambda p: p.stat().st_size)
 
     _flip_one_byte(weights)  # the cached copy, changed on disk
@@ -101,8 +103,12 @@ def test_a_model_file_changed_by_one_byte_is_refused_naming_the_file(tiny_model_
     stored = max((tmp_path / "art").rglob(weights.name), key=lambda p: p.stat().st_size)
     _flip_one_byte(stored)
     with pytest.raises(ModelFilesChanged, match=weights.name):
-        reg.model_files("captioner", "production", tmp_path / "fresh", node_cache_dir=str(tmp_path / "nodes"))
+        reg.model_files("captioner", "production", tmp_path / "fresh", str(tmp_path / "nodes"), weights=True)
     assert not any((tmp_path / "fresh").glob("*/.complete"))
+    fresh, _ = reg.model_files("captioner", "production", tmp_path / "fresh", node_cache_dir=str(tmp_path / "nodes"))
+    with pytest.raises(ModelFilesChanged, match=weights.name):  # the small files are intact; the weights are not
+        fresh.here()
+    assert not any((tmp_path / "fresh").glob("*/.complete")) and not list((tmp_path / "fresh").rglob(weights.name))
     # On another node (a Ray actor's own download), the same check.
     with pytest.raises(ModelFilesChanged):
         local_model("/nonexistent", files.artifact_uri, str(tmp_path / "node2"), files.tracking_uri, files.files_sha256)
@@ -214,3 +220,117 @@ def test_ray_data_llm_stages_are_made_to_fetch_the_model_where_they_start(tiny_m
     assert udf.tokenizer is not None
     cached = node_cache_path(files.artifact_uri, files.cache_dir)
     assert list(cached.rglob("tokenizer.json")) and not list(cached.rglob("*.safetensors"))
+
+
+def _registered_tiny(tiny_model_cache, tmp_path) -> MlflowRegistry:
+    reg = MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art"))
+    reg.register_model_folder(tiny_model_cache / TINY_MODEL_SOURCE, "captioner", "production", "tiny", "fp-1")
+    return reg
+
+
+def test_a_verified_model_is_hashed_once_and_a_changed_file_again(tiny_model_cache, tmp_path, monkeypatch):
+    """Verify once: the first fetch hashes every file and stamps it (size, mtime, ctime, inode, sha256);
+    later uses (the step's, ``here()``) read no file; a file changed by one byte, even with its size and
+    mtime put back, is hashed again and refused; a stamp older than VIDEO_MODEL_REVERIFY_DAYS is hashed
+    again; and VIDEO_MODEL_REVERIFY_DAYS=0 (the full re-verify) catches what a forged stamp hides."""
+    from video_assets.core.inference.model_cache import HASHED, MANIFEST, STAMPS, ModelFilesChanged
+
+    reg = _registered_tiny(tiny_model_cache, tmp_path)
+
+    def use(weights=True):
+        return reg.model_files("captioner", "production", tmp_path / "dl", str(tmp_path / "nodes"), weights)[0]
+
+    files = use()
+    weights = max(Path(files.path).rglob("*.safetensors"), key=lambda p: p.stat().st_size)
+    [stamps] = (tmp_path / "dl").rglob(STAMPS)
+    [manifest] = (tmp_path / "dl").rglob(MANIFEST)
+    rel = weights.relative_to(manifest.parent).as_posix()
+    assert rel in json.loads(stamps.read_text())["files"] and not list(Path(files.path).rglob(STAMPS))
+
+    before = HASHED.copy()
+    for _ in range(3):
+        assert use().here() == files.path and use(weights=False).path == files.path
+    assert HASHED == before  # no file read again: not the weights, not the small files
+    assert not (tmp_path / "nodes").exists()  # here() used the step's verified folder
+
+    size, mtime = weights.stat().st_size, weights.stat().st_mtime_ns
+    _flip_one_byte(weights)
+    os.utime(weights, ns=(weights.stat().st_atime_ns, mtime))  # size and mtime as stamped
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (size, mtime)
+    before = HASHED.copy()
+    with pytest.raises(ModelFilesChanged, match=f"{weights}: sha256"):
+        use()
+    assert HASHED["files"] - before["files"] == 1 and HASHED["bytes"] - before["bytes"] == size  # that file only
+
+    # A stamp forged to match the changed file (a change the stamp cannot see): trusted by a stamp check,
+    # refused by the full re-verify.
+    forged = json.loads(stamps.read_text())
+    st = weights.stat()
+    forged["files"][rel][:4] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    stamps.write_text(json.dumps(forged))
+    assert use().path == files.path
+    monkeypatch.setenv("VIDEO_MODEL_REVERIFY_DAYS", "0")
+    with pytest.raises(ModelFilesChanged, match=f"{weights}: sha256"):
+        use()
+    # The setting travels in ModelFiles, so a Ray worker's here() re-verifies in full too.
+    assert reg.model_files("captioner", "production", tmp_path / "x", "")[0].reverify_after_s == 0.0
+
+    _flip_one_byte(weights)  # back as registered
+    monkeypatch.setenv("VIDEO_MODEL_REVERIFY_DAYS", "7")
+    before = HASHED.copy()
+    use()
+    assert HASHED["files"] - before["files"] == 1  # the changed file hashed again, found good, the rest stamped
+
+    # A stamp older than the re-verify period: that file hashed again.
+    aged = json.loads(stamps.read_text())
+    config = next(r for r in aged["files"] if r.endswith("config.json"))
+    aged["files"][config][5] -= 8 * 86400
+    stamps.write_text(json.dumps(aged))
+    before = HASHED.copy()
+    use()
+    assert HASHED["files"] - before["files"] >= 1
+
+
+def test_a_step_fetches_the_small_files_and_an_engine_here_adds_the_weights(tiny_model_cache, tmp_path):
+    """A step resolves the registered model without its weights (config, tokenizer, processor, manifest: what
+    it reads without running the engine); ``here()``, where an engine opens it, adds the weights to the same
+    folder once, checked like the rest; later uses hash nothing."""
+    from video_assets.core.inference.model_cache import COMPLETE, HASHED, LIGHT, MANIFEST, has_weights
+
+    reg = _registered_tiny(tiny_model_cache, tmp_path)
+    files, _ = reg.model_files("captioner", "production", tmp_path / "dl", str(tmp_path / "nodes"))
+    folder = Path(files.path)
+    on_disk = {p.name for p in (tmp_path / "dl").rglob("*") if p.is_file()}
+    assert {"config.json", "tokenizer.json", MANIFEST, LIGHT} <= on_disk
+    assert not [n for n in on_disk if n.endswith(".safetensors")] and COMPLETE not in on_disk
+    assert not has_weights(folder) and (folder / "config.json").exists()
+    stored = sum(p.stat().st_size for p in (tmp_path / "art").rglob("*") if p.is_file())
+    fetched = sum(p.stat().st_size for p in (tmp_path / "dl").rglob("*") if p.is_file())
+    assert fetched < stored / 2
+
+    assert files.here() == str(folder) and has_weights(folder)
+    assert list(folder.rglob("model.safetensors")) and not (tmp_path / "nodes").exists()
+    before = HASHED.copy()
+    reg.model_files("captioner", "production", tmp_path / "dl", str(tmp_path / "nodes"))
+    assert files.here() == str(folder) and HASHED == before
+
+
+def test_placing_a_light_step_copy_on_a_one_machine_ray_adds_its_weights(tiny_model_cache, tmp_path):
+    """``place_on_every_node`` with the step's small-files copy on a one-machine Ray: every node sees the
+    folder, so the weights are added to it (not a second copy per node) and engines open it by path."""
+    import ray
+
+    from resources.settings import embedded_ray_auth
+    from video_assets.core.inference.model_cache import has_weights, place_on_every_node
+
+    reg = _registered_tiny(tiny_model_cache, tmp_path)
+    files, _ = reg.model_files("captioner", "production", tmp_path / "dl", str(tmp_path / "nodes"))
+    assert not has_weights(files.path)
+    with embedded_ray_auth():
+        ray.init(num_cpus=1, include_dashboard=False)
+        try:
+            placed = place_on_every_node(files)
+        finally:
+            ray.shutdown()
+    assert placed.path == files.path and not placed.per_node and has_weights(files.path)
+    assert not (tmp_path / "nodes").exists()

@@ -458,7 +458,9 @@ def make_structurer(
         return ServedStructurer(warm, settings.batch_size)
     from video_assets.core.structuring.engines import TransformersStructurer
 
-    return TransformersStructurer(model, settings.device, settings.batch_size)
+    # Loaded in this process: the registered model's weights fetched here (the step resolved its small files).
+    local = files.here() if settings.model == CAPTIONER else model
+    return TransformersStructurer(local, settings.device, settings.batch_size)
 
 
 def structure_rows(

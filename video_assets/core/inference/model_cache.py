@@ -1,13 +1,18 @@
 """A model on the node that runs it: each Ray actor (or the Dagster step) resolves the registered
 model to a folder on its own machine, downloading the artifact once per node into a node-local cache.
-A file lock makes two actors on one node wait for one download instead of both writing the folder."""
+A file lock makes two actors on one node wait for one download instead of both writing the folder.
+Each file is hashed once: later uses compare a stamp (``STAMPS``) and hash only what changed."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
+import threading
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +25,17 @@ MANIFEST = "SHA256SUMS.json"
 LIGHT = ".light"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx")
 _READ = 1 << 20
+# In the fetched folder, beside its markers: {path relative to the manifest: [size, mtime_ns, ctime_ns, inode,
+# sha256, verified at (s)]} of each file hashed and found as registered. A file whose stat still matches is
+# not read again; ctime (which no user call can set) also catches a change that restored size and mtime.
+STAMPS = ".verified.json"
+# A stamp is only trusted for a file last written this long before it was taken: a write in the same clock
+# tick as the recorded one would leave mtime unchanged (coarse file-system clocks; git's "racy clean").
+RACY_NS = 2_000_000_000
+# A stamp this old is hashed again in full (the settings' VIDEO_MODEL_REVERIFY_DAYS; 0: every use).
+REVERIFY_AFTER_S = 7 * 86400.0
+# Files and bytes this process has hashed: what a stamp saves is visible (tests, the benchmark).
+HASHED: Counter = Counter()
 
 
 class ModelFilesChanged(RuntimeError):
@@ -51,13 +67,60 @@ def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         while chunk := f.read(_READ):
             h.update(chunk)
+            HASHED["bytes"] += len(chunk)
+    HASHED["files"] += 1
     return h.hexdigest()
 
 
+def _ours(name: str) -> bool:
+    """A file this product writes in a model folder (manifest, markers, stamps), not one of the model's."""
+    return name in (MANIFEST, COMPLETE, LIGHT) or name.startswith(STAMPS)
+
+
 def _model_files(folder: Path) -> dict[str, Path]:
-    """A model folder's files by their path relative to it (the manifest and the download marker aside)."""
-    files = (p for p in Path(folder).rglob("*") if p.is_file() and p.name not in (MANIFEST, COMPLETE, LIGHT))
+    """A model folder's files by their path relative to it (the manifest, markers and stamps aside)."""
+    files = (p for p in Path(folder).rglob("*") if p.is_file() and not _ours(p.name))
     return {p.relative_to(folder).as_posix(): p for p in sorted(files)}
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _read_stamps(folder: Path) -> dict[str, list]:
+    try:
+        return dict(json.loads((folder / STAMPS).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # none yet, or unreadable: every file is hashed
+
+
+def _write_stamps(folder: Path, stamps: dict[str, list]) -> None:
+    """Replaced whole (concurrent verifiers never see half a file); best effort: a read-only cache only
+    loses the saving (every use hashes, as before stamps)."""
+    tmp = folder / f"{STAMPS}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        tmp.write_text(json.dumps({"files": stamps}, sort_keys=True))
+        os.replace(tmp, folder / STAMPS)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _stamp(path: Path, digest: str, taken_ns: int, st: os.stat_result | None = None) -> list | None:
+    """The stamp of ``path`` (hashed to ``digest`` from the stat ``st``, taken at ``taken_ns``), or None when its
+    last write is too recent to trust one (``RACY_NS``)."""
+    st = st or path.stat()
+    if taken_ns - st.st_mtime_ns < RACY_NS:
+        return None
+    return [*_stat_key(st), digest, taken_ns / 1e9]
+
+
+def _stamped(entry: list | None, st: os.stat_result, want: str, reverify_after_s: float | None) -> bool:
+    """Whether ``entry`` vouches for a file with stat ``st`` holding ``want``: same stat, same digest, fresh."""
+    if not entry or len(entry) != 6 or entry[:4] != _stat_key(st) or entry[4] != want:
+        return False
+    if reverify_after_s is None:
+        return True
+    return reverify_after_s > 0 and time.time() - float(entry[5]) < reverify_after_s
 
 
 def manifest_bytes(folder: Path) -> bytes:
@@ -71,13 +134,24 @@ def is_weight(rel: str) -> bool:
     return rel.lower().endswith(WEIGHT_SUFFIXES)
 
 
-def verify_files(folder: Path, files_sha256: str | None, what: str = "", light: bool = False) -> None:
+def verify_files(
+    folder: Path,
+    files_sha256: str | None,
+    what: str = "",
+    light: bool = False,
+    reverify_after_s: float | None = REVERIFY_AFTER_S,
+    stamps: bool = True,
+) -> dict[str, str]:
     """Check a downloaded model against its registered manifest (``files_sha256``: the manifest's own
     sha256, from the registry): every listed file present with its digest, and no other file (``light``:
     a copy without its weights, ``fetch_on_node``, need not hold the weight files). None (a version
-    registered before manifests) checks nothing. Raises ``ModelFilesChanged`` naming the file."""
+    registered before manifests) checks nothing. Raises ``ModelFilesChanged`` naming the file.
+
+    ``stamps``: a file whose stamp (``STAMPS``) still matches its stat and digest is not read again, and
+    the files hashed are stamped; ``reverify_after_s``: a stamp older than this is hashed again (0: every
+    file hashed, the full re-verify; None: never by age). Returns the digests checked, by relative path."""
     if files_sha256 is None:
-        return
+        return {}
     folder = Path(folder)
     found = list(folder.rglob(MANIFEST))
     if len(found) != 1:
@@ -89,16 +163,30 @@ def verify_files(folder: Path, files_sha256: str | None, what: str = "", light: 
     extra = [rel for rel in _model_files(root) if rel not in expected]
     if extra:
         raise ModelFilesChanged(f"{root / extra[0]}: not a file of the registered model ({len(extra)} such files)")
+    old = _read_stamps(folder) if stamps else {}
+    new: dict[str, list] = {}
+    checked: dict[str, str] = {}
     for rel, want in expected.items():
         path = root / rel
         if light and is_weight(rel) and not path.exists():
             continue
-        got = file_sha256(path) if path.is_file() else "missing"
+        taken = time.time_ns()
+        st = path.stat() if path.is_file() else None  # before reading: a write during the hash changes it
+        if st is not None and _stamped(old.get(rel), st, want, reverify_after_s):
+            new[rel], checked[rel] = old[rel], want
+            continue
+        got = file_sha256(path) if st is not None else "missing"
         if got != want:
             raise ModelFilesChanged(
                 f"{path}: sha256 {got}, registered {want}: the model file was changed; "
                 f"delete {folder} to download it again, or register the model anew"
             )
+        checked[rel] = want
+        if (entry := _stamp(path, want, taken, st)) is not None:
+            new[rel] = entry
+    if stamps and new != old:
+        _write_stamps(folder, new)
+    return checked
 
 
 def model_dir(root: Path) -> Path:
@@ -113,12 +201,18 @@ def model_dir(root: Path) -> Path:
 
 
 def download_once(
-    artifact_uri: str, target: Path, tracking_uri: str | None = None, files_sha256: str | None = None
+    artifact_uri: str,
+    target: Path,
+    tracking_uri: str | None = None,
+    files_sha256: str | None = None,
+    weights: bool = True,
+    reverify_after_s: float | None = REVERIFY_AFTER_S,
 ) -> Path:
-    """``artifact_uri`` downloaded into ``target`` exactly once per machine, whoever asks first;
+    """``artifact_uri`` downloaded into ``target`` exactly once per machine, whoever asks first (``weights``
+    False: only its small files, ``LIGHT``; ``local_model`` adds the weights when an engine opens it);
     returns the model folder inside it. Checked against ``files_sha256`` (``verify_files``) after the
-    download and on every later use of the cached copy."""
-    return _fetch_once(artifact_uri, Path(target), tracking_uri, files_sha256, weights=True)
+    download and on every later use of the cached copy (a stamp check; a file that changed is hashed)."""
+    return _fetch_once(artifact_uri, Path(target), tracking_uri, files_sha256, weights, reverify_after_s)
 
 
 def _fetched(target: Path, weights: bool) -> bool:
@@ -127,7 +221,12 @@ def _fetched(target: Path, weights: bool) -> bool:
 
 
 def _fetch_once(
-    artifact_uri: str, target: Path, tracking_uri: str | None, files_sha256: str | None, weights: bool
+    artifact_uri: str,
+    target: Path,
+    tracking_uri: str | None,
+    files_sha256: str | None,
+    weights: bool,
+    reverify_after_s: float | None = REVERIFY_AFTER_S,
 ) -> Path:
     """The artifact in ``target``, fetched there once per machine, whoever asks first (a file lock): all of it
     (``weights``), else only its small files (``fetch_on_node``). A fresh download is checked before it moves
@@ -142,8 +241,27 @@ def _fetch_once(
                 _fetch(artifact_uri, tracking_uri, files_sha256, target, names)
                 (target / (COMPLETE if weights else LIGHT)).touch()
                 return model_dir(target)
-    verify_files(target, files_sha256, artifact_uri, light=not (target / COMPLETE).exists())
+    verify_files(target, files_sha256, artifact_uri, not (target / COMPLETE).exists(), reverify_after_s)
     return model_dir(target)
+
+
+def cache_root(model_path: Path) -> Path | None:
+    """The folder this product fetched ``model_path`` into (the one with its ``COMPLETE`` or ``LIGHT``
+    marker: ``model_dir`` is at most a few levels below it), or None for a folder it did not fetch."""
+    for folder in [model_path, *list(model_path.parents)[:4]]:
+        if (folder / COMPLETE).exists() or (folder / LIGHT).exists():
+            return folder
+    return None
+
+
+def has_weights(model_path: str | Path) -> bool:
+    """Whether ``model_path`` can be opened by an engine here: a folder of the model (config.json) that is
+    not a fetch of its small files only."""
+    path = Path(model_path)
+    if not (path / "config.json").exists():
+        return False
+    root = cache_root(path)
+    return root is None or (root / COMPLETE).exists()
 
 
 class ModelStoreUnreachable(RuntimeError):
@@ -187,30 +305,41 @@ def local_model(
     cache_dir: str,
     tracking_uri: str | None = None,
     files_sha256: str | None = None,
+    reverify_after_s: float | None = REVERIFY_AFTER_S,
 ) -> str:
-    """``model_path`` when this machine has it (the step's own download, or a shared filesystem);
-    else the artifact downloaded into this node's ``cache_dir`` (checked against ``files_sha256``)."""
-    if (Path(model_path) / "config.json").exists():
+    """``model_path`` when this machine has it (the step's own download, or a shared filesystem): checked
+    against ``files_sha256`` (a stamp check), its weights added in place when the step fetched only its
+    small files; else the artifact downloaded into this node's ``cache_dir``."""
+    root = cache_root(Path(model_path)) if (Path(model_path) / "config.json").exists() else None
+    if root is not None and artifact_uri:
+        return str(_fetch_once(artifact_uri, root, tracking_uri, files_sha256, True, reverify_after_s))
+    if has_weights(model_path):
         return model_path
     if not artifact_uri:
         raise FileNotFoundError(f"model folder {model_path} is not on this node and no artifact URI was given")
-    return str(download_once(artifact_uri, node_cache_path(artifact_uri, cache_dir), tracking_uri, files_sha256))
+    target = node_cache_path(artifact_uri, cache_dir)
+    return str(download_once(artifact_uri, target, tracking_uri, files_sha256, True, reverify_after_s))
 
 
 @dataclass(frozen=True)
 class ModelFiles:
-    """A registered model's files: the step's own download (``path``) and the artifact any other node
-    downloads into its ``cache_dir``. Plain data, so it ships to Ray workers."""
+    """A registered model's files: the step's own download (``path``: its small files at least, enough to
+    resolve the model; ``here()`` for its weights) and the artifact any other node downloads into its
+    ``cache_dir``. Plain data, so it ships to Ray workers."""
 
     path: str
     artifact_uri: str | None = None
     cache_dir: str = ""
     tracking_uri: str | None = None
     files_sha256: str | None = None  # the registered manifest's sha256 (``verify_files``)
+    reverify_after_s: float | None = REVERIFY_AFTER_S  # a stamp older than this is hashed again (0: every use)
 
     def here(self) -> str:
-        """A folder with the model on the machine running this (downloading it once if needed)."""
-        return local_model(self.path, self.artifact_uri, self.cache_dir, self.tracking_uri, self.files_sha256)
+        """A folder with the whole model on the machine running this (downloading it, or the weights the
+        step did not fetch, once if needed). ``path`` may hold only the small files: open weights from here."""
+        return local_model(
+            self.path, self.artifact_uri, self.cache_dir, self.tracking_uri, self.files_sha256, self.reverify_after_s
+        )
 
 
 @dataclass
@@ -224,8 +353,11 @@ class Placement:
     nodes: dict[str, str] = field(default_factory=dict)  # Ray node id -> "present" (shared mode)
 
 
-def _has_model(path: str) -> bool:
-    return (Path(path) / "config.json").exists()
+def _model_state(path: str) -> str:
+    """What the node running this holds at ``path``: "whole", "light" (only its small files) or "" (no model)."""
+    if not (Path(path) / "config.json").exists():
+        return ""
+    return "whole" if has_weights(path) else "light"
 
 
 def _move_into(partial: Path, target: Path) -> None:
@@ -265,7 +397,9 @@ def fetch_on_node(files: ModelFiles, weights: bool = True) -> str:
     if not files.artifact_uri:
         raise FileNotFoundError(f"model folder {files.path} is not on this node and no artifact URI was given")
     target = node_cache_path(files.artifact_uri, files.cache_dir)
-    return str(_fetch_once(files.artifact_uri, target, files.tracking_uri, files.files_sha256, weights))
+    return str(
+        _fetch_once(files.artifact_uri, target, files.tracking_uri, files.files_sha256, weights, files.reverify_after_s)
+    )
 
 
 def _fetch(uri: str, tracking_uri: str | None, files_sha256: str | None, target: Path, names: list[str] | None) -> None:
@@ -287,8 +421,37 @@ def _fetch(uri: str, tracking_uri: str | None, files_sha256: str | None, target:
             )
     except Exception as exc:
         raise store_error(uri, tracking_uri, exc) from exc
-    verify_files(partial, files_sha256, uri, light=names is not None)  # a changed artifact never lands
+    _settle(partial)
+    # A changed artifact never lands. Checked without stamps: moving the files changes their ctime.
+    try:
+        digests = verify_files(partial, files_sha256, uri, light=names is not None, stamps=False)
+    except ModelFilesChanged:
+        shutil.rmtree(partial, ignore_errors=True)  # refused: not kept on disk either
+        raise
     _move_into(partial, target)
+    _stamp_fetched(target, digests)
+
+
+def _settle(folder: Path) -> None:
+    """Files just written here, dated back past ``RACY_NS`` (nobody else writes this private folder): their
+    stamps are trusted at once, and any later write, even within the same clock tick, changes their mtime."""
+    now = time.time_ns()
+    for path in folder.rglob("*"):
+        if path.is_file() and now - (st := path.stat()).st_mtime_ns < RACY_NS:
+            os.utime(path, ns=(st.st_atime_ns, now - RACY_NS))
+
+
+def _stamp_fetched(target: Path, digests: dict[str, str]) -> None:
+    """Stamps for the files of a fresh download, hashed before they moved in: their first use hashes nothing."""
+    if not digests:
+        return
+    [manifest] = target.rglob(MANIFEST)
+    root, taken = manifest.parent, time.time_ns()
+    stamps = _read_stamps(target)
+    for rel, digest in digests.items():
+        if (entry := _stamp(root / rel, digest, taken)) is not None:
+            stamps[rel] = entry
+    _write_stamps(target, stamps)
 
 
 def place_on_every_node(files: ModelFiles) -> Placement:
@@ -304,12 +467,21 @@ def place_on_every_node(files: ModelFiles) -> Placement:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
-    task = ray.remote(num_cpus=0, max_retries=2)(_has_model)
-    refs = [
-        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(files.path)
-        for node in nodes
-    ]
-    if all(ray.get(refs)):
+    task = ray.remote(num_cpus=0, max_retries=2)(_model_state)
+
+    def states() -> list[str]:
+        return ray.get(
+            [
+                task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(files.path)
+                for node in nodes
+            ]
+        )
+
+    found = states()
+    if all(found) and "light" in found and files.artifact_uri:
+        files.here()  # every node sees the step's light copy (one machine, or shared): the weights added to it
+        found = states()
+    if all(s == "whole" for s in found):
         return Placement(files.path, False, {node: "present" for node in nodes})
     if not files.artifact_uri:
         raise FileNotFoundError(

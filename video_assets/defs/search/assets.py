@@ -80,7 +80,7 @@ def search_index(
         from video_assets.core.embeddings.text import TextEncoder
 
         model, _ = archive_model_files(mlflow_registry, archive, TEXT, text_version)
-        encode = TextEncoder(model.path).encode
+        encode = TextEncoder(model.here()).encode  # the step fetched its small files: here() adds the weights
     rows = {
         ix.TEXTS: ix.text_rows(texts),
         ix.FRAMES: ix.frame_rows(frames),
