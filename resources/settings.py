@@ -14,8 +14,10 @@ import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Annotated, Any
 
 from dagster import EnvVar
+from pydantic import BaseModel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_SAMPLES = REPO_ROOT / "samples"
@@ -25,9 +27,26 @@ def dagster_home() -> Path:
     return Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / "dagster_home").resolve()
 
 
-def env_or(name: str, default: str) -> str | EnvVar:
-    """``EnvVar(name)`` when set and non-empty, else ``default``."""
-    return EnvVar(name) if os.environ.get(name) else default
+def env_or(name: str, default: Any, field: tuple[type[BaseModel], str] | None = None) -> Any:
+    """``EnvVar(name)`` when set and non-empty, else ``default``. With ``field`` (a resource class and the
+    name of a number field, which Dagster's EnvVar cannot carry: it holds strings, and ints without bounds):
+    the value checked against that field's type and bounds when the resources are built, and passed as
+    the value itself; a ValueError naming the variable when it does not fit."""
+    value = os.environ.get(name)
+    if not value:
+        return default
+    if field is None:
+        return EnvVar(name)
+    from pydantic import TypeAdapter, ValidationError
+
+    cls, attr = field
+    info = cls.model_fields[attr]
+    kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    try:
+        return TypeAdapter(kind).validate_strings(value.strip())
+    except ValidationError as exc:
+        why = "; ".join(e["msg"] for e in exc.errors())
+        raise ValueError(f"{name}={value!r} (sets {cls.__name__}.{attr}): {why}") from None
 
 
 def default_volume_uri() -> str:

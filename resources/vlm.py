@@ -20,6 +20,14 @@ from video_assets.core.models.tiny_vlm import TINY_MODEL_NAME
 # Built locally; random weights, nonsense captions.
 TINY_MODEL_SOURCE = TINY_MODEL_NAME
 
+# The vLLM settings that are fields of their own (so an environment variable can set them), by variable.
+SIZING_FIELDS = {
+    "tensor_parallel_size": "VLM_TENSOR_PARALLEL_SIZE",
+    "gpu_memory_utilization": "VLM_GPU_MEMORY_UTILIZATION",
+    "max_num_seqs": "VLM_MAX_NUM_SEQS",
+    "accelerator_type": "VLM_ACCELERATOR_TYPE",
+}
+
 
 class VlmSettings(ConfigurableResource):
     model_source: str = Field(
@@ -37,7 +45,12 @@ class VlmSettings(ConfigurableResource):
     cache_dir: str = Field(description="Where models are built, downloaded and unpacked")
     device: str = Field(default="auto", description="transformers device: auto | cpu | cuda")
     cpu_concurrency: int = Field(default=2, ge=1, description="Parallel decode+sample tasks (1 CPU each)")
-    concurrency: int = Field(default=1, ge=1, description="Model actors, each holding one engine (vLLM: replicas)")
+    concurrency: int = Field(
+        default=1,
+        ge=1,
+        description="Model actors, each holding one engine (vLLM: engines of tensor_parallel_size GPUs), all "
+        "started with the job (VLM_CONCURRENCY)",
+    )
     batch_size: int = Field(default=4, ge=1, description="transformers: segments per generate call")
     num_gpus: float | None = Field(
         default=None,
@@ -74,7 +87,31 @@ class VlmSettings(ConfigurableResource):
         default=None, ge=1, description="VLM_ENGINE=endpoint: requests per second per batch (None: no limit)"
     )
     endpoint_timeout_s: float = Field(
-        default=120.0, gt=0, description="VLM_ENGINE=endpoint: seconds per request before it is retried"
+        default=120.0,
+        gt=0,
+        description="VLM_ENGINE=endpoint: seconds per request before it is retried (VLM_REQUEST_TIMEOUT_S)",
+    )
+    # vLLM engine sizing, one field each so that an environment variable can set it (sensor-launched runs
+    # take no run config); unset, the `vllm` mapping's value or its default.
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, description="vLLM: GPUs per engine (VLM_TENSOR_PARALLEL_SIZE); unset: `vllm`'s, else 1"
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="vLLM: share of each GPU's memory an engine takes (VLM_GPU_MEMORY_UTILIZATION); unset: "
+        "`vllm`'s, else 0.9",
+    )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM: requests an engine runs at once (VLM_MAX_NUM_SEQS); unset: `vllm`'s, else 64",
+    )
+    accelerator_type: str = Field(
+        default="",
+        description='vLLM: the GPU type engines are placed on, as Ray names it, e.g. "H100" (VLM_ACCELERATOR_TYPE); '
+        "empty: `vllm`'s, else any",
     )
     vllm: dict[str, Any] = Field(
         default={},
@@ -84,8 +121,17 @@ class VlmSettings(ConfigurableResource):
     )
 
     def vllm_settings(self, model_path: str) -> VllmSettings:
-        """The vLLM engine settings of the captioning stage, for the model downloaded to ``model_path``."""
-        shared = dict(concurrency=self.concurrency, max_new_tokens=self.max_new_tokens)
+        """The vLLM engine settings of the captioning stage, for the model downloaded to ``model_path``. A
+        sizing field and the `vllm` mapping that set one setting differently are a ValueError naming both."""
+        sizing = {k: v for k in SIZING_FIELDS if (v := getattr(self, k)) not in (None, "")}
+        if clash := [k for k, v in sizing.items() if k in self.vllm and self.vllm[k] != v]:
+            raise ValueError(
+                "; ".join(
+                    f"{k} is {sizing[k]!r} (vlm.{k}, {SIZING_FIELDS[k]}) and {self.vllm[k]!r} (vlm.vllm): set one"
+                    for k in clash
+                )
+            )
+        shared = dict(concurrency=self.concurrency, max_new_tokens=self.max_new_tokens, **sizing)
         return vllm_settings(model_path, {**CAPTION_VLLM, **shared}, self.vllm)
 
     @property

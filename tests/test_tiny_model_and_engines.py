@@ -236,7 +236,7 @@ def test_vllm_processor_config_carries_the_settings():
     assert ek["max_num_seqs"] == 32
     assert ek["max_model_len"] == 16384
     assert ek["limit_mm_per_prompt"] == {"video": 1, "image": 0}  # one video part per request, no images
-    assert (config.batch_size, config.concurrency) == (8, 3)
+    assert (config.batch_size, config.concurrency) == (8, (3, 3))  # 3 engines from the start
     assert config.should_continue_on_error is True
     assert config.prepare_multimodal_stage["enabled"] is True  # vLLM parses the video part
     # Whatever the defaults are, they reach the engine unchanged; extra engine_kwargs override them.

@@ -38,7 +38,7 @@ def test_caption_settings_reach_the_processor():
     assert cfg.accelerator_type == "H100"
     assert cfg.engine_kwargs["limit_mm_per_prompt"] == {"video": 2, "image": 0}
     assert cfg.engine_kwargs["max_model_len"] == 16384 and cfg.engine_kwargs["tensor_parallel_size"] == 2
-    assert cfg.concurrency == 3  # the shared concurrency field is the number of vLLM engines
+    assert cfg.concurrency == (3, 3)  # the shared concurrency field: vLLM engines, all started with the job
 
 
 def test_each_stage_has_its_own_defaults_under_the_users_settings():
@@ -66,9 +66,9 @@ def test_cpu_stages_scale_beyond_one_actor():
         (caption, ("chat_template_stage", "prepare_multimodal_stage")),
         (text, ("chat_template_stage", "tokenize_stage", "detokenize_stage")),
     ):
-        assert cfg.concurrency == 1
+        assert cfg.concurrency == (1, 1)
         for stage in stages:
-            resolved = stage_configs.resolve_stage_config(getattr(cfg, stage), kinds[stage], {"concurrency": 1})
+            resolved = stage_configs.resolve_stage_config(getattr(cfg, stage), kinds[stage], {"concurrency": (1, 1)})
             assert resolved.enabled and resolved.concurrency == ((1, 6) if cfg is caption else (1, 4)), stage
 
 

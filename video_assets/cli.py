@@ -817,14 +817,15 @@ def pools_command(args) -> int:
             return 2
 
         vlm = _resources()["vlm"]
+        engine = vlm.vllm_settings(vlm.model_source)  # the fields (VLM_* variables) and the `vllm` mapping
         # Engines pinned to one GPU type (vLLM's accelerator_type) can use only those GPUs.
-        kind = args.accelerator_type or (vlm.vllm or {}).get("accelerator_type")
+        kind = args.accelerator_type or engine.accelerator_type
         init_ray(None, {})  # only to read the nodes: no code shipped
         try:
             gpus = cluster_gpus(ray.nodes(), kind)
         finally:
             ray.shutdown()
-        per_step = vlm.concurrency * int((vlm.vllm or {}).get("tensor_parallel_size", 1))
+        per_step = vlm.concurrency * engine.tensor_parallel_size
         slots = accelerator_slots(gpus, per_step)
         print(f"cluster GPUs {gpus:g}{f' of type {kind}' if kind else ''}, {per_step} per model step")
     if slots is None or slots < 1:

@@ -80,6 +80,13 @@ def build_resources() -> dict:
             endpoint_url=env_or("VLM_ENDPOINT_URL", ""),
             endpoint_model=env_or("VLM_ENDPOINT_MODEL", ""),
             endpoint_api_key=env_or("VLM_ENDPOINT_API_KEY", ""),
+            endpoint_timeout_s=env_or("VLM_REQUEST_TIMEOUT_S", 120.0, (VlmSettings, "endpoint_timeout_s")),
+            # GPU sizing: what a sensor-launched run (no run config) gets on a GPU node.
+            concurrency=env_or("VLM_CONCURRENCY", 1, (VlmSettings, "concurrency")),
+            tensor_parallel_size=env_or("VLM_TENSOR_PARALLEL_SIZE", None, (VlmSettings, "tensor_parallel_size")),
+            gpu_memory_utilization=env_or("VLM_GPU_MEMORY_UTILIZATION", None, (VlmSettings, "gpu_memory_utilization")),
+            max_num_seqs=env_or("VLM_MAX_NUM_SEQS", None, (VlmSettings, "max_num_seqs")),
+            accelerator_type=env_or("VLM_ACCELERATOR_TYPE", ""),
         ),
         "search_index_store": SearchIndex(uri=env_or("VIDEO_INDEX_URI", default_index_uri())),
         "archive": ArchiveSettings(

@@ -134,7 +134,7 @@ def build_processor(endpoint: Endpoint, preprocess, postprocess):
         max_retries=endpoint.retries,
         base_retry_wait_time_in_s=1,
         batch_size=endpoint.batch_size,
-        concurrency=endpoint.concurrency,
+        concurrency=(endpoint.concurrency, endpoint.concurrency),  # all started with the job (an int: from 1)
         session_factory=functools.partial(_session, endpoint.timeout_s),
     )
     processor = build(config, preprocess=preprocess, postprocess=postprocess)

@@ -142,7 +142,9 @@ def processor_config(settings: VllmSettings, multimodal: bool = True, segment_mb
     return vLLMEngineProcessorConfig(
         model_source=settings.model_source,
         engine_kwargs=kwargs,
-        concurrency=settings.concurrency,
+        # (n, n): every engine starts with the job. An int is a pool autoscaling from 1 in Ray Data LLM's vLLM
+        # stage, whose other engines arrive after a small batch is done.
+        concurrency=(settings.concurrency, settings.concurrency),
         batch_size=settings.batch_size,
         accelerator_type=settings.accelerator_type,
         should_continue_on_error=settings.should_continue_on_error,
@@ -153,6 +155,19 @@ def processor_config(settings: VllmSettings, multimodal: bool = True, segment_mb
         **stages,
         **({} if segment_mb is None else _in_flight(concurrent_batches(settings, segment_mb))),
     )
+
+
+def engine_env(settings: VllmSettings) -> dict[str, Any] | None:
+    """The ``runtime_env`` of a served engine (``ray.serve.llm``): the calling job's variables (what the step
+    forwards to its workers: stores, MLflow, the hub; credentials are never among them, ``EmbeddedRay``) with
+    ``env_vars`` over them. Ray Serve LLM's ``LLMServer`` sets a replica's runtime_env to the caller's with
+    this one's keys over it, so its ``env_vars`` would replace the forwarded ones, not extend them. (Actors
+    inside the job need none of this: Ray merges their ``env_vars`` with the job's.)"""
+    import ray
+
+    inherited = (ray.get_runtime_context().runtime_env or {}).get("env_vars") if ray.is_initialized() else None
+    env = {**(inherited or {}), **settings.env_vars}
+    return {"env_vars": env} if env else None
 
 
 def _in_flight(batches: int) -> dict[str, int]:

@@ -31,7 +31,13 @@ from typing import Any
 from video_assets.core.captioning.batch import EngineSpec, JobSpec
 from video_assets.core.captioning.rows import result_row
 from video_assets.core.inference.model_cache import ModelFiles
-from video_assets.core.inference.vllm import ERROR_KEY, VllmSettings, bounded_engine_retries, engine_kwargs
+from video_assets.core.inference.vllm import (
+    ERROR_KEY,
+    VllmSettings,
+    bounded_engine_retries,
+    engine_env,
+    engine_kwargs,
+)
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.serving.captioner import app_status, code_version, config_file, run_once
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
@@ -83,7 +89,7 @@ def llm_config(spec: JobSpec, name: str):
         engine_kwargs=kwargs,
         accelerator_type=settings.accelerator_type,
         placement_group_config=settings.placement_group_config,
-        runtime_env={"env_vars": dict(settings.env_vars)} if settings.env_vars else None,
+        runtime_env=engine_env(settings),
         deployment_config={
             "autoscaling_config": {
                 "min_replicas": 0,
