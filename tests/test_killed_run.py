@@ -18,6 +18,7 @@ import psutil
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
+from tests.fixtures.processes import started_by
 from tests.fixtures.samples import REPO, copy_samples
 
 BIN = Path(sys.executable).parent
@@ -36,21 +37,6 @@ def _run(args, env, timeout=600):
 def _commits(tables: Path) -> dict[str, int]:
     """Commit files per table: a commit anyone makes after the kill shows here."""
     return {t: len(glob.glob(str(tables / t / "_delta_log" / "*.json"))) for t in TABLES}
-
-
-def _started_by(home: Path) -> list[psutil.Process]:
-    """Every live process carrying this test's DAGSTER_HOME in its environment: whatever the run
-    started inherits it (steps, forkserver, Ray's GCS, raylet, agents and workers)."""
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("DAGSTER_HOME") == str(home):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 def _job(key: str) -> list[str]:
@@ -112,14 +98,14 @@ def test_a_killed_run_stops_writing_and_its_rerun_completes(dagster_home, volume
             pytest.fail(f"the captions step never started Ray\n{log.read_text()[-4000:]}", pytrace=False)
         before = _commits(tables)
         assert before["captions"] == 0, "captions already committed: the kill came too late to test anything"
-        started = _started_by(dagster_home)
+        started = started_by(dagster_home)
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=30)
 
         # Within 30 s nothing it started is alive (polled: done as soon as the last one is gone), and
         # nothing committed since the kill (with no process left, nothing can commit later).
         deadline = time.monotonic() + 30
-        while (left := _started_by(dagster_home)) and time.monotonic() < deadline:
+        while (left := started_by(dagster_home)) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not left, "still alive 30 s after the kill: " + "; ".join(
             f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in left
@@ -127,7 +113,7 @@ def test_a_killed_run_stops_writing_and_its_rerun_completes(dagster_home, volume
         assert len(started) >= 5, [p.pid for p in started]  # the probe saw the run's processes at all
         assert _commits(tables) == before
     finally:
-        for proc in _started_by(dagster_home):  # only if the assertions above failed
+        for proc in started_by(dagster_home):  # only if the assertions above failed
             proc.kill()
 
     with DagsterInstance.get() as instance:
@@ -144,4 +130,4 @@ def test_a_killed_run_stops_writing_and_its_rerun_completes(dagster_home, volume
     assert (caps["status"] == "ok").all()
     events = pl.read_delta(str(tables / "structured_events"))
     assert events.height == caps.height
-    assert not _started_by(dagster_home)
+    assert not started_by(dagster_home)

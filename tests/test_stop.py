@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import polars as pl
-import psutil
 import pytest
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
+from tests.fixtures.processes import started_by
 from tests.fixtures.samples import REPO, copy_samples
 
 BIN = Path(sys.executable).parent
@@ -25,20 +25,6 @@ CLIPS = ["realshort.mp4", "asl_eat.mkv"]
 GRACE_S = 30  # what Kubernetes and systemd give a process after SIGTERM
 
 pytestmark = pytest.mark.e2e
-
-
-def _started_by(home: Path) -> list[psutil.Process]:
-    """Every live process carrying this test's DAGSTER_HOME in its environment (whatever a command started)."""
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("DAGSTER_HOME") == str(home):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 def _run(args, env, timeout=900) -> str:
@@ -71,12 +57,12 @@ def _stop_mid_captions(args, env, home: Path, log: Path) -> tuple[float, int, fl
             pytest.fail(f"still running {GRACE_S + 30} s after SIGTERM:\n{log.read_text()[-4000:]}", pytrace=False)
         took = time.monotonic() - started
         # Nothing it started outlives it by much: polled, done when the last one is gone.
-        while (left := _started_by(home)) and time.monotonic() - started < GRACE_S:
+        while (left := started_by(home)) and time.monotonic() - started < GRACE_S:
             time.sleep(0.5)
         assert not left, "alive after the stop: " + "; ".join(f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in left)
         return signalled, code, took
     finally:
-        for p in _started_by(home):  # only when an assertion above failed
+        for p in started_by(home):  # only when an assertion above failed
             p.kill()
 
 
@@ -153,4 +139,4 @@ def test_sigterm_stops_demo_and_job_execute_within_the_grace_and_the_rerun_compl
         assert "evaluate" in {r.dagster_run.job_name for r in instance.get_run_records()}
     again = _run([str(BIN / "video-assets"), "demo"], env)
     assert "0 batch(es) to run of 1" in again, again[-3000:]
-    assert not _started_by(dagster_home)
+    assert not started_by(dagster_home)
