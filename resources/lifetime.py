@@ -58,12 +58,16 @@ def kill_tree_and_self(reason: str) -> None:
         file=sys.stderr,
         flush=True,
     )
-    for child in children:
+    _kill(children)
+    os.kill(me.pid, signal.SIGKILL)
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for proc in processes:
         try:
-            child.send_signal(signal.SIGKILL)
+            proc.send_signal(signal.SIGKILL)
         except psutil.Error:
             pass
-    os.kill(me.pid, signal.SIGKILL)
 
 
 # A stop: SIGTERM (Kubernetes, systemd) or SIGINT (Ctrl-C) to a process of this product. Whoever holds the
@@ -75,6 +79,7 @@ STOP_GRACE_S = 25.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _stop = threading.Event()
 _stop_signal: list[int] = []
+_watching = False
 
 
 def stop_requested() -> bool:
@@ -110,9 +115,6 @@ def watch_stop_signals(grace_s: float = STOP_GRACE_S, handlers: bool = True) -> 
     return True
 
 
-_watching = False
-
-
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -139,12 +141,7 @@ def _read_signals(fd: int, grace_s: float) -> None:
 def _last_resort(grace_s: float) -> None:
     """The graceful stop (the step interrupted, Ray shut down, the run marked) did not finish in time."""
     time.sleep(grace_s)
-    me = psutil.Process()
-    for child in me.children(recursive=True):
-        try:
-            child.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
+    _kill(psutil.Process().children(recursive=True))
     print(f"[video-assets] not stopped {grace_s:g} s after the signal: ended", file=sys.stderr, flush=True)
     os._exit(stop_exit_code())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,10 +178,6 @@ def remove_session(session_dir: str | None) -> None:
     temp folder; nothing else is ever removed."""
     if not session_dir:
         return
-    import shutil
-
-    from resources.settings import ray_temp_root
-
     path = Path(session_dir).resolve()
     if path.is_relative_to(ray_temp_root().resolve()) and path.name.startswith("session_"):
         shutil.rmtree(path, ignore_errors=True)

@@ -515,7 +515,10 @@ def demo(args) -> int:
     register_archive(instance, args.batch_size)
     keys = instance.get_dynamic_partitions(video_batches.name)
     # Every batch a run left unfinished (stopped, failed after any asset), not only the never-probed ones.
-    todo = keys if args.all else [k for k in keys if k in unfinished(instance)]
+    todo = keys
+    if not args.all:
+        left = unfinished(instance)  # read once: it reads every per-batch asset's partitions and the batch runs
+        todo = [k for k in keys if k in left]
     print(f"{len(todo)} batch(es) to run of {len(keys)}")
     ok = run_batches(instance, todo)
     if stop_requested():
