@@ -6,7 +6,6 @@ its slot in the "accelerator" pool) and the rerun completes the batch. Bounded; 
 
 import glob
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import psutil
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from tests.fixtures.processes import started_by
+from tests.fixtures.processes import cli_env, started_by
 from tests.fixtures.samples import REPO, copy_samples
 
 BIN = Path(sys.executable).parent
@@ -57,13 +56,7 @@ def _job(key: str) -> list[str]:
 @pytest.mark.slow
 def test_a_killed_run_stops_writing_and_its_rerun_completes(dagster_home, volume_dir, tmp_path):
     copy_samples(volume_dir, CLIPS)
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(dagster_home),
-        "VIDEO_VOLUME_URI": str(volume_dir),
-        "PYTHONPATH": str(REPO),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = cli_env(dagster_home, volume_dir)
     tables = dagster_home / "tables"
     out = _run([sys.executable, "-m", "video_assets.cli", "register"], env)
     [key] = [line.split()[-1] for line in out.splitlines() if line.strip().startswith("new batch")]

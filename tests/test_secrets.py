@@ -5,7 +5,9 @@ sessions when the step's Ray stops."""
 
 from __future__ import annotations
 
+import shutil
 import stat
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -69,12 +71,18 @@ def test_a_configured_ray_temp_folder_too_long_for_rays_sockets_is_refused(monke
     monkeypatch.setenv("VIDEO_RAY_TEMP_DIR", str(tmp_path / ("x" * 60)))
     with pytest.raises(ValueError, match="VIDEO_RAY_TEMP_DIR"):
         ray_temp_root()
-    other = tmp_path / "planted"
-    other.symlink_to(tmp_path)  # a link planted where the folder should be is not followed
-    monkeypatch.setenv("VIDEO_RAY_TEMP_DIR", str(other))
-    if len(str(other)) <= 36:
-        with pytest.raises(PermissionError):
+    # A link planted where the folder should be is refused, not followed (a short path: pytest's are too long).
+    short = Path(tempfile.mkdtemp(prefix="va", dir="/tmp"))
+    try:
+        planted = short / "t"
+        planted.symlink_to(tmp_path)
+        monkeypatch.setenv("VIDEO_RAY_TEMP_DIR", str(planted))
+        with pytest.raises(PermissionError, match="not a folder of this user"):
             ray_temp_root()
+        planted.unlink()
+        assert ray_temp_root() == planted and stat.S_IMODE(planted.stat().st_mode) == 0o700
+    finally:
+        shutil.rmtree(short)
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ with one row per key. Real CLI processes on bundled clips, loopback only."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import polars as pl
 import pytest
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
-from tests.fixtures.processes import started_by
+from tests.fixtures.processes import cli_env, started_by
 from tests.fixtures.samples import REPO, copy_samples
 
 BIN = Path(sys.executable).parent
@@ -86,14 +85,7 @@ def test_sigterm_stops_demo_and_job_execute_within_the_grace_and_the_rerun_compl
     dagster_home, volume_dir, tmp_path
 ):
     copy_samples(volume_dir, CLIPS)
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(dagster_home),
-        "VIDEO_VOLUME_URI": str(volume_dir),
-        "PYTHONPATH": str(REPO),
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("RAY_ADDRESS", None)
+    env = cli_env(dagster_home, volume_dir)
     tables = dagster_home / "tables"
 
     # (1) `video-assets demo`: registers the models and the batch, starts its run; stopped mid-captions.
