@@ -4,6 +4,7 @@ embedded cluster, and the step's Ray processes bound to the run's life."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import time
@@ -181,3 +182,19 @@ def remove_session(session_dir: str | None) -> None:
     path = Path(session_dir).resolve()
     if path.is_relative_to(ray_temp_root().resolve()) and path.name.startswith("session_"):
         shutil.rmtree(path, ignore_errors=True)
+        reopen_ray_data_logs(path)
+
+
+def reopen_ray_data_logs(session: Path) -> None:
+    """Ray Data's session log handlers open their file in the session folder on first use and keep it; with
+    that folder gone, the next Ray Data job in this process (an in-process run's next step) failed opening it
+    (FileNotFoundError from the logger). Closed, each opens the current session's file on its next record; a
+    plain file handler into the removed folder is taken off."""
+    logger = logging.getLogger("ray.data")
+    for handler in list(logger.handlers):
+        if isinstance(handler, logging.FileHandler):
+            if Path(handler.baseFilename).is_relative_to(session):
+                handler.close()
+                logger.removeHandler(handler)
+        elif not isinstance(handler, logging.StreamHandler):  # Ray Data's SessionFileHandler; the console stays
+            handler.close()

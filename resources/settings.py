@@ -102,6 +102,21 @@ def model_reverify_after_s() -> float | None:
     return max(0.0, days) * 86400.0
 
 
+def batch_max_runtime_s() -> int:
+    """VIDEO_BATCH_MAX_RUNTIME_S (default 21600, six hours): a run of the per-batch job still going after this
+    many seconds is canceled by Dagster's run monitoring (the daemon; its ``dagster/max_runtime`` tag), so a
+    replica or endpoint that stalls past every request timeout cannot hold a batch, its pool slot and its
+    queue forever. 0 turns the limit off."""
+    raw = (os.environ.get("VIDEO_BATCH_MAX_RUNTIME_S") or "21600").strip()
+    try:
+        seconds = int(raw)
+    except ValueError:
+        raise ValueError(f"VIDEO_BATCH_MAX_RUNTIME_S={raw!r}: a whole number of seconds (0: no limit)") from None
+    if seconds < 0:
+        raise ValueError(f"VIDEO_BATCH_MAX_RUNTIME_S={raw!r}: a whole number of seconds (0: no limit)")
+    return seconds
+
+
 def default_models_dir() -> str:
     return str(dagster_home() / "models")
 

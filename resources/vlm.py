@@ -84,12 +84,23 @@ class VlmSettings(ConfigurableResource):
         default="", description="VLM_ENGINE=endpoint: bearer key (VLM_ENDPOINT_API_KEY); never logged"
     )
     endpoint_qps: int | None = Field(
-        default=None, ge=1, description="VLM_ENGINE=endpoint: requests per second per batch (None: no limit)"
+        default=None,
+        ge=1,
+        description="VLM_ENGINE=endpoint: requests per second per request-stage actor (None: no limit)",
     )
     endpoint_timeout_s: float = Field(
         default=120.0,
         gt=0,
-        description="VLM_ENGINE=endpoint: seconds per request before it is retried (VLM_REQUEST_TIMEOUT_S)",
+        description="VLM_ENGINE=endpoint: seconds for a whole answer (VLM_REQUEST_TIMEOUT_S); a request that "
+        "times out is the segment's error row, not sent again",
+    )
+    max_error_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="The captions check blocks a batch (nothing downstream runs for it) when more than this share "
+        "of the segments sent to the engine are error rows (VLM_MAX_ERROR_SHARE); files that could not be probed or "
+        "decoded do not count",
     )
     # vLLM engine sizing, one field each so that an environment variable can set it (sensor-launched runs
     # take no run config); unset, the `vllm` mapping's value or its default.

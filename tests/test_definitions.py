@@ -32,6 +32,23 @@ def test_batch_pipeline_runs_exactly_the_per_batch_assets():
     per_batch = {k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def == video_batches}
     assert per_batch, "no asset is partitioned by video_batches"
     assert set(job.asset_layer.executable_asset_keys) == per_batch
+    # Its runs have a maximum runtime the daemon's run monitoring enforces, with the blocking captions check.
+    assert job.tags["dagster/max_runtime"] == "21600"
+    checks = {k.name for k in job.asset_layer.asset_graph.asset_check_keys}
+    assert "captions_mostly_captioned" in checks
+
+
+def test_the_batch_max_runtime_is_a_setting(monkeypatch):
+    import pytest
+
+    from resources.settings import batch_max_runtime_s
+
+    monkeypatch.setenv("VIDEO_BATCH_MAX_RUNTIME_S", "600")
+    assert batch_max_runtime_s() == 600
+    for bad in ("6h", "-1"):
+        monkeypatch.setenv("VIDEO_BATCH_MAX_RUNTIME_S", bad)
+        with pytest.raises(ValueError, match="VIDEO_BATCH_MAX_RUNTIME_S"):
+            batch_max_runtime_s()
 
 
 def test_every_table_asset_declares_its_column_schema():

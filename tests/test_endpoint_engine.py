@@ -1,5 +1,5 @@
-"""VLM_ENGINE=endpoint: captions and structuring through an OpenAI-compatible server, via Ray Data LLM's
-HTTP stage, through the real assets (real Dagster, Ray, MLflow, Delta, bundled clips). The server is the
+"""VLM_ENGINE=endpoint: captions and structuring through an OpenAI-compatible server, via the request
+stage (``core.inference.endpoint``), through the real assets (real Dagster, Ray, MLflow, Delta, bundled clips). The server is the
 project's OpenAI-compatible test server (``tests/fixtures/openai_stub.py``: a hosted VLM cannot run here);
 `make test-vllm-cpu` runs the same path against `vllm serve` on the tiny model."""
 
@@ -15,7 +15,6 @@ from tests.fixtures.batches import caption_new_batch, endpoint_resources, struct
 from tests.fixtures.openai_stub import stub_server
 from video_assets.core.captioning.endpoint_engine import caption_payload
 from video_assets.core.inference.endpoint import Endpoint, check_url
-from video_assets.core.inference.retries import VLM_BATCH_RETRIES
 from video_assets.core.media.frames import encode
 from video_assets.defs.models.assets import caption_prompt, vlm_model
 
@@ -155,26 +154,187 @@ def test_an_endpoint_that_does_not_answer_fails_the_step_at_once_naming_the_sett
     assert not res["tables"].exists("captions")
 
 
+def test_each_request_is_bounded_and_fails_alone(tmp_path):
+    """One batch through the request stage (the class Ray Data runs as its actor, driven here directly): a
+    request answered 429 every time, one answered with a body that is not JSON, one with a 50 MB body and one
+    never answered are each an error row with its own reason; the healthy requests beside them are answered;
+    only the rate-limited one is tried again, a bounded number of times."""
+    import asyncio
+
+    from video_assets.core.inference.endpoint import (
+        ERROR_KEY,
+        PAYLOAD,
+        EndpointRequests,
+        error_row,
+        payload_row,
+        read_answer,
+    )
+
+    faults = {
+        "RATE": {"status": 429, "retry_after": 0},
+        "NOTJSON": {"body": "{not json"},
+        "HUGE": {"big_mb": 50},
+        "STALL": {"stall_s": 60},
+    }
+    markers = ["OK-1", *faults, "OK-2"]
+
+    def request(marker: str) -> dict:
+        return {"model": "stub-vlm", "messages": [{"role": "user", "content": f"segment {marker}"}], "max_tokens": 4}
+
+    rows = [payload_row(request(m)) for m in markers] + [error_row("decode failed: damaged")]
+    batch = {PAYLOAD: [r[PAYLOAD] for r in rows], ERROR_KEY: [r[ERROR_KEY] for r in rows], "id": [*markers, "DAMAGED"]}
+    with stub_server({"model": "stub-vlm", "default": "a caption", "faults": faults}, tmp_path) as stub:
+        stage = EndpointRequests(Endpoint(stub.base_url, "stub-vlm", timeout_s=3.0, retries=2))
+        out = asyncio.run(stage(batch))
+        sent = [r["messages"][0]["content"].split()[-1] for r in stub.requests()]
+    answers = dict(zip(out["id"], map(read_answer, [dict(zip(out, values)) for values in zip(*out.values())])))
+    assert answers["OK-1"].text == answers["OK-2"].text == "a caption" and not answers["OK-1"].error
+    assert answers["RATE"].error.startswith("rate limited: HTTP 429") and "after 3 tries" in answers["RATE"].error
+    assert answers["NOTJSON"].error.startswith("unparsable answer"), answers["NOTJSON"].error
+    assert answers["HUGE"].error.startswith("oversized answer"), answers["HUGE"].error
+    assert answers["STALL"].error.startswith("timed out") and "VLM_REQUEST_TIMEOUT_S" in answers["STALL"].error
+    assert answers["DAMAGED"].error == "decode failed: damaged"
+    # Retried: only the 429 (1 + retries); a timed-out request is not sent again; the error row never is.
+    assert sorted(sent) == sorted([*markers, "RATE", "RATE"]), sent
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # a hang guard: a stalled server must not stall the run
-@pytest.mark.parametrize("fault", [{"status": 503}, {"stall_s": 60}], ids=["errors", "stalls"])
-def test_an_endpoint_that_errors_or_stalls_loses_no_video(
-    instance, resources, session_ray, volume_dir, tmp_path, fault
+def test_a_segment_the_endpoint_never_answers_is_an_error_row_and_the_others_are_captioned(
+    instance, resources, session_ray, volume_dir, tmp_path
 ):
-    """Every request fails (HTTP 503, or no answer within the timeout): each is tried a bounded number of
-    times with backoff, then its video is written as an error row with the reason; the run succeeds and
-    nothing is missing, so the next run captions them again."""
-    with stub_server({"model": "stub-vlm", "faults": {"Frames sampled at": fault}}, tmp_path) as stub:
-        res = _resources(resources, session_ray, tmp_path, stub, "sk-x", endpoint_timeout_s=1.0)
-        _, result = _caption_batch(instance, res, volume_dir)
+    """One clip's request is accepted and never answered, in the same batch as a healthy one: the step ends
+    after the request timeout (not tried again), that clip is an error row naming the timeout, the other is
+    captioned, and the next run captions only the missing one."""
+    from video_assets.core.captioning.requests import timestamps_text
+    from video_assets.defs.captioning.assets import captions
+
+    replies = {"model": "stub-vlm", "user_routes": {"Frames sampled at": CAPTION}}
+    with stub_server(replies, tmp_path / "a") as stub:  # first, every clip captioned: its frame times known
+        res = _resources(resources, session_ray, tmp_path, stub, "sk-x", endpoint_timeout_s=2.0)
+        key, result = _caption_batch(instance, res, volume_dir)
+        assert result.success
+    first = pl.read_delta(res["tables"].table_uri("captions")).sort("uri")
+    stalled, healthy = first["uri"][0], first["uri"][1]
+    marker = timestamps_text(list(first["frame_timestamps"][0]))
+    assert marker != timestamps_text(list(first["frame_timestamps"][1]))  # it picks out one clip
+    again = {"ops": {"captions": {"config": {**RUN_CONFIG["ops"]["captions"]["config"], "recaption": True}}}}
+    slice_ = [captions, vlm_model, caption_prompt]
+    port = int(stub.base_url.rsplit(":", 1)[1].split("/")[0])  # the registered endpoint: the same URL
+    with stub_server({**replies, "faults": {marker: {"stall_s": 120}}}, tmp_path / "b", port) as stub:
+        res = _resources(resources, session_ray, tmp_path, stub, "sk-x", endpoint_timeout_s=2.0)
+        result = materialize(
+            slice_,
+            selection=[captions],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+            run_config=again,
+            raise_on_error=False,
+        )
         assert result.success, _logs(instance, result.run_id)[-3000:]
-        caps = pl.read_delta(res["tables"].table_uri("captions"))
-        assert sorted(caps["uri"].str.split("/").list.last()) == sorted(CLIPS)  # nothing lost
-        assert (caps["status"] == "error").all() and caps["error"].str.contains("no result").all()
         sent = stub.requests()
-        # One batch (both clips): its first request tried 1 + retries times by the HTTP stage, then the batch
-        # is dropped: bounded, not forever.
-        assert 1 + VLM_BATCH_RETRIES <= len(sent) <= len(CLIPS) * (1 + VLM_BATCH_RETRIES), len(sent)
-        logs = _logs(instance, result.run_id)
-        assert "gave no answer after" in logs or "no result" in logs
-        assert "base64" not in logs  # the frames are not quoted in the logs
+    caps = pl.read_delta(res["tables"].table_uri("captions")).sort("uri")
+    by_uri = {r["uri"]: r for r in caps.iter_rows(named=True)}
+    assert by_uri[healthy]["status"] == "ok" and by_uri[healthy]["prose"] == CAPTION
+    assert by_uri[stalled]["status"] == "error" and "timed out" in by_uri[stalled]["error"]
+    assert "VLM_REQUEST_TIMEOUT_S" in by_uri[stalled]["error"]
+    assert len(sent) == len(CLIPS)  # the stalled request was sent once
+    messages = "\n".join(str(e.message) for e in instance.all_logs(result.run_id))
+    assert "base64" not in messages  # the request (its frames) is not quoted in the log lines
+    with stub_server(replies, tmp_path / "c", port) as stub:  # the server is well again: the rerun completes the batch
+        res = _resources(resources, session_ray, tmp_path, stub, "sk-x", endpoint_timeout_s=2.0)
+        result = materialize(
+            slice_,
+            selection=[captions],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+            run_config=RUN_CONFIG,
+            raise_on_error=False,
+        )
+        assert result.success
+        assert len(stub.requests()) == 1  # only the missing segment
+    caps = pl.read_delta(res["tables"].table_uri("captions"))
+    assert (caps["status"] == "ok").all() and caps.height == len(CLIPS)
+
+
+def test_error_share_counts_only_segments_the_engine_was_sent():
+    from datetime import datetime, timedelta
+
+    from video_assets.core.captioning.versions import error_share
+
+    t = datetime(2026, 1, 1)
+
+    def row(seg, status, error=None, times=(0.0, 1.0), version="2", at=t):
+        return {
+            "segment": seg,
+            "status": status,
+            "error": error,
+            "frame_timestamps": list(times),
+            "model_version": version,
+            "prompt_version": 1,
+            "captioned_at": at,
+        }
+
+    df = pl.DataFrame(
+        [
+            row(0, "ok"),
+            row(1, "error", "timed out"),
+            row(2, "error", "timed out"),
+            row(3, "error", "SamplingError: damaged", times=()),  # never decoded: not the engine's
+            row(0, "error", "old", version="1", at=t - timedelta(days=1)),  # an earlier model's rows
+        ]
+    )
+    share = error_share(df)
+    assert (share["segments"], share["errors"], share["reasons"]) == (3, 2, ["timed out"])
+    assert share["error_share"] == pytest.approx(2 / 3)
+    assert error_share(df.head(0))["error_share"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_batch_the_endpoint_failed_is_blocked_and_the_demo_says_why(
+    instance, resources, session_ray, volume_dir, tmp_path
+):
+    """Every request refused (HTTP 400): each clip is an error row (nothing lost), the blocking captions check
+    fails, so structuring does not run on a batch with nothing captioned and the run fails saying why."""
+    from video_assets.cli import failed_checks
+    from video_assets.defs.structuring.assets import structured_events
+
+    with stub_server({"model": "stub-vlm", "faults": {"Frames sampled at": {"status": 400}}}, tmp_path) as stub:
+        res = _resources(resources, session_ray, tmp_path, stub, "sk-x")
+        assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
+        from tests.fixtures.samples import copy_samples
+        from video_assets.defs.captioning.assets import captions
+        from video_assets.defs.captioning.checks import captions_mostly_captioned
+        from video_assets.defs.ingest.assets import raw_videos, video_metadata
+        from video_assets.defs.ingest.registration import register_new_files
+        from video_assets.defs.partitions import video_batches
+
+        copy_samples(volume_dir, CLIPS)
+        [key] = register_new_files(res["volume"], res["tables"]).batches
+        instance.add_dynamic_partitions(video_batches.name, [key])
+        result = materialize(
+            [
+                raw_videos,
+                video_metadata,
+                captions,
+                captions_mostly_captioned,
+                structured_events,
+                vlm_model,
+                caption_prompt,
+            ],
+            selection=[raw_videos, video_metadata, captions, structured_events],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+            run_config=RUN_CONFIG,
+            raise_on_error=False,
+        )
+    assert not result.success
+    caps = pl.read_delta(res["tables"].table_uri("captions"))
+    assert caps.height == len(CLIPS) and (caps["status"] == "error").all()  # nothing lost
+    assert caps["error"].str.starts_with("endpoint error: HTTP 400").all()
+    assert not res["tables"].exists("structured_events")  # blocked: nothing structured from it
+    [line] = failed_checks(result)
+    assert "captions_mostly_captioned" in line and "VLM_MAX_ERROR_SHARE" in line and "2 of 2" in line

@@ -5,6 +5,7 @@ sessions when the step's Ray stops."""
 
 from __future__ import annotations
 
+import logging.config
 import shutil
 import stat
 import tempfile
@@ -151,3 +152,38 @@ def test_a_batch_leaves_no_credential_in_any_file(
     everything = _files(root) + _files(dagster_home) + _files(Path(res["tables"].root_uri))
     assert len(everything) > 20
     assert not _holding(everything, list(canaries.values()))
+
+
+def test_a_ray_started_after_a_removed_session_logs_to_its_own(monkeypatch):
+    """A step's session folder is removed when its Ray stops; the next Ray this process starts (an in-process
+    run's next step) runs its Ray Data jobs with their logs in its own session. Between the two a library
+    configures logging as vLLM's and MLflow's imports do (dictConfig closes every handler it knows of and
+    forgets them): Ray Data's log file of the removed session was then opened again, failing the job."""
+    import ray
+    import ray.data
+
+    from resources.ray_cluster import remove_session
+
+    short = Path(tempfile.mkdtemp(prefix="va", dir="/tmp"))
+    monkeypatch.setenv("VIDEO_RAY_TEMP_DIR", str(short / "t"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not ray.is_initialized()
+
+    def job() -> Path:
+        info = ray.init(num_cpus=1, include_dashboard=False, _temp_dir=str(ray_temp_root()))
+        try:
+            assert ray.data.range(4).map_batches(lambda b: b).count() == 4
+        finally:
+            ray.shutdown()
+        return Path(info.address_info["session_dir"])
+
+    try:
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+        first = job()
+        remove_session(str(first))
+        assert not first.exists()
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+        second = job()
+        assert second != first and (second / "logs" / "ray-data" / "ray-data.log").exists()
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

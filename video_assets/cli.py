@@ -150,8 +150,21 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
         result = job.execute_in_process(**target, instance=instance, raise_on_error=False, run_config=QUIET)
         status = "succeeded" if result.success else "FAILED"
         print(f"{label}: run {result.run_id} {status} in {time.monotonic() - started:.1f}s")
+        for check in failed_checks(result):
+            print(f"  {check}")
         ok &= result.success
     return ok
+
+
+def failed_checks(result) -> list[str]:
+    """A line for each blocking check of the run that failed (it stopped the batch's later assets), with why."""
+    return [
+        f"check {c.asset_key.to_user_string()}:{c.check_name} failed, blocking the batch: {c.description or ''}".rstrip(
+            ": "
+        )
+        for c in result.get_asset_check_evaluations()
+        if not c.passed and c.blocking
+    ]
 
 
 def _recorder_running() -> dict | None:

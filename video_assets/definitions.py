@@ -81,6 +81,7 @@ def build_resources() -> dict:
             endpoint_model=env_or("VLM_ENDPOINT_MODEL", ""),
             endpoint_api_key=env_or("VLM_ENDPOINT_API_KEY", ""),
             endpoint_timeout_s=env_or("VLM_REQUEST_TIMEOUT_S", 120.0, (VlmSettings, "endpoint_timeout_s")),
+            max_error_share=env_or("VLM_MAX_ERROR_SHARE", 0.5, (VlmSettings, "max_error_share")),
             # GPU sizing: what a sensor-launched run (no run config) gets on a GPU node.
             concurrency=env_or("VLM_CONCURRENCY", 1, (VlmSettings, "concurrency")),
             tensor_parallel_size=env_or("VLM_TENSOR_PARALLEL_SIZE", None, (VlmSettings, "tensor_parallel_size")),

@@ -5,7 +5,7 @@ with its time in the source video, then the same timing line and instruction bot
 Image parts, not a video part: every OpenAI-compatible VLM server takes them (a hosted API has no
 ``video_url``), and the times stated in the text carry what a video part's timing would.
 
-    decode tasks (JPEG) ─► preprocess (payload) ─► HTTP stage (Ray Data LLM) ─► postprocess (RESULT_COLUMNS)
+    decode tasks (JPEG) ─► preprocess (payload) ─► request stage (EndpointRequests) ─► postprocess (RESULT_COLUMNS)
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ from video_assets.core.captioning.requests import format_seconds, timestamps_tex
 from video_assets.core.captioning.rows import decode_error, result_row
 from video_assets.core.inference.endpoint import (
     Endpoint,
-    build_processor,
     error_row,
     payload_row,
     read_answer,
+    request_stage,
 )
 from video_assets.core.media import frames
-from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
 
 def jpeg_data_url(jpeg: bytes) -> str:
@@ -57,8 +56,6 @@ def caption_payload(model: str, images, timestamps: list[float], prompt: str, ma
 
 def _job_result(row: dict[str, Any]) -> dict[str, Any]:
     """A segment row as the job's RESULT_COLUMNS, from an answer or an error row (decode or request)."""
-    if row.get("status") in (CAPTION_OK, CAPTION_ERROR):  # already shaped by the postprocess
-        return row
     answer = read_answer(row)
     error = answer.error or (None if answer.text else "the endpoint answered with no text")
     return result_row(row, answer.text, answer.input_tokens, answer.output_tokens, answer.latency_s, error)
@@ -86,6 +83,4 @@ def build_endpoint_processor_for_job(ds, spec):
         # Merged into the row by Ray; the row's frames (JPEGs) go on to the result: the captions step keeps them.
         return out
 
-    processor = build_processor(endpoint, preprocess=_pre, postprocess=_job_result)
-    # Ray's error rows bypass the postprocess; shape them too.
-    return processor(ds).map(_job_result)
+    return request_stage(ds, endpoint, _pre, _job_result)

@@ -35,8 +35,9 @@ def result_row(
     answer: the carried columns as they came, the answer, and the CPU stage's error first."""
     error = decode_error(row.get("decode_error")) or error
     out = {k: row.get(k) for k in CARRIED_COLUMNS}
+    times = row.get("frame_timestamps")  # a list, or an array after a numpy batch
     out.update(
-        frame_timestamps=[float(t) for t in (row.get("frame_timestamps") or [])],
+        frame_timestamps=[float(t) for t in (times if times is not None else [])],
         engine_s=latency_s,
         prose=text,
         input_tokens=input_tokens,

@@ -116,3 +116,25 @@ def with_caption_digest(caps: pl.DataFrame) -> pl.DataFrame:
         return caps
     digests = [caption_digest(r) for r in caps.iter_rows(named=True)]
     return caps.with_columns(caption_digest=pl.Series(digests, dtype=pl.String))
+
+
+def error_share(captions_df: pl.DataFrame) -> dict:
+    """How much of a batch's latest captioning (the model and prompt of its newest row) the engine failed:
+    of the segments whose frames were sampled (sent to the engine), how many came back as error rows, their
+    share (0 for none) and the commonest reasons. Files the probe rejected and videos the CPU stage could not
+    decode are left out: the input's fault, not the engine's, and no frames were sampled for them."""
+    if captions_df.is_empty():
+        return {"segments": 0, "errors": 0, "error_share": 0.0, "reasons": []}
+    latest = captions_df.sort("captioned_at").row(-1, named=True)
+    rows = captions_df.filter(
+        caption_versions(latest["model_version"], latest["prompt_version"])
+        & (pl.col("frame_timestamps").list.len().fill_null(0) > 0)
+    )
+    errors = rows.filter(pl.col("status") != CAPTION_OK)
+    reasons = errors.group_by("error").len().sort("len", descending=True).get_column("error").head(3).to_list()
+    return {
+        "segments": rows.height,
+        "errors": errors.height,
+        "error_share": errors.height / rows.height if rows.height else 0.0,
+        "reasons": [str(r)[:200] for r in reasons],
+    }

@@ -157,7 +157,7 @@ class VllmStructurer:
         ]
 
 
-# -- an OpenAI-compatible endpoint through Ray Data LLM's HTTP stage ------------------------------------
+# -- an OpenAI-compatible endpoint through the request stage (core.inference.endpoint) ------------------------------------
 
 
 def structure_payload(model: str, req: StructureRequest) -> dict[str, Any]:
@@ -175,18 +175,17 @@ def structure_payload(model: str, req: StructureRequest) -> dict[str, Any]:
 def _endpoint_rows(endpoint, items: list[dict]):
     import ray
 
-    from video_assets.core.inference.endpoint import build_processor, payload_row
+    from video_assets.core.inference.endpoint import PAYLOAD, RESPONSE, request_stage
+    from video_assets.core.inference.vllm import ERROR_KEY
 
-    processor = build_processor(
+    keep = (REQUEST_KEY, RESPONSE, ERROR_KEY, "endpoint_s")
+    ds = request_stage(
+        ray.data.from_items(items),
         endpoint,
-        preprocess=lambda row: payload_row(json.loads(row["request_json"])),
-        postprocess=lambda row: {
-            REQUEST_KEY: row[REQUEST_KEY],
-            "http_response": row.get("http_response"),
-            "endpoint_s": row.get("endpoint_s"),
-        },
+        preprocess=lambda row: {PAYLOAD: row["request_json"], ERROR_KEY: ""},
+        postprocess=lambda row: {k: row.get(k) for k in keep},
     )
-    yield from tolerate_failed_batches(processor(ray.data.from_items(items))).take_all()
+    yield from tolerate_failed_batches(ds).take_all()
 
 
 class EndpointStructurer:

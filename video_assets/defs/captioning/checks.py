@@ -4,7 +4,8 @@ import polars as pl
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, asset_check
 
 from resources.delta import DeltaTables
-from video_assets.core.captioning.versions import segment_counts
+from resources.vlm import VlmSettings
+from video_assets.core.captioning.versions import error_share, segment_counts
 from video_assets.core.tables import CAPTIONS
 from video_assets.core.vocabulary import CAPTION_OK
 from video_assets.defs.captioning.assets import captions
@@ -48,4 +49,32 @@ def captions_videos_complete(context: AssetCheckExecutionContext, tables: DeltaT
     )
 
 
-captioning_checks = [table_checks(CAPTIONS), captions_ok_rows_have_prose, captions_videos_complete]
+@asset_check(
+    asset=captions,
+    blocking=True,
+    description="Most segments of the batch were captioned: more than VLM_MAX_ERROR_SHARE of its segments as "
+    "error rows (an engine or endpoint down, a wrong model) blocks the batch, so nothing is structured, routed "
+    "or alerted from it and the run fails saying why. Files that could not be probed or decoded do not count.",
+)
+def captions_mostly_captioned(
+    context: AssetCheckExecutionContext, tables: DeltaTables, vlm: VlmSettings
+) -> AssetCheckResult:
+    batches = checked_batches(context, CAPTIONS, captions.key)
+    share = error_share(read_checked(tables, CAPTIONS, batches))
+    return AssetCheckResult(
+        passed=share["error_share"] <= vlm.max_error_share,
+        severity=AssetCheckSeverity.ERROR,
+        description=None
+        if share["error_share"] <= vlm.max_error_share
+        else f"{share['errors']} of {share['segments']} segments are error rows (more than VLM_MAX_ERROR_SHARE="
+        f"{vlm.max_error_share:g}); e.g. {share['reasons'][:2]}",
+        metadata={**check_scope(batches), **share, "max_error_share": vlm.max_error_share},
+    )
+
+
+captioning_checks = [
+    table_checks(CAPTIONS),
+    captions_ok_rows_have_prose,
+    captions_videos_complete,
+    captions_mostly_captioned,
+]

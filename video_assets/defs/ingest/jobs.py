@@ -2,6 +2,7 @@
 
 from dagster import AssetSelection, define_asset_job, multiprocess_executor
 
+from resources.settings import batch_max_runtime_s
 from video_assets.defs.common import PER_BATCH_TAG
 
 # Steps still run in their own processes (a model load or a crash stays inside its step), but forked
@@ -19,4 +20,6 @@ batch_pipeline_job = define_asset_job(
     selection=per_batch_assets,
     executor_def=forkserver_executor,
     description="Everything one upload batch needs, from registration to the last per-batch table.",
+    # Dagster's run monitoring (the daemon) cancels a run past it: a stalled engine cannot hold a batch forever.
+    tags={"dagster/max_runtime": str(limit)} if (limit := batch_max_runtime_s()) else None,
 )
