@@ -129,6 +129,29 @@ def test_a_replica_that_dies_under_a_batch_is_replaced_and_nothing_is_lost(local
     assert stats(app_name(spec))["pid"] != before  # served by a new replica
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a hang guard: the point is that the job ends
+def test_a_stalled_replica_gives_error_rows_naming_the_timeout_and_the_job_ends(local_ray, tiny_model):
+    """A replica that is alive but answers nothing (its process stopped: an NCCL stall, a wedged engine;
+    Serve's health check has not noticed yet): each batch waits the request timeout, then its segments are
+    error rows naming it, and the job ends instead of waiting forever."""
+    import psutil
+
+    spec = replace(_spec(tiny_model, idle_s=60.0, batch_size=1), request_timeout_s=3.0)
+    names = ["realshort.mp4", "asl_eat.mkv"]
+    deploy(spec)
+    replica = psutil.Process(stats(app_name(spec))["pid"])
+    replica.suspend()
+    try:
+        got = list(caption_rows(_videos(names), spec))
+    finally:
+        replica.resume()
+    assert sorted(r["video_id"] for r in got) == sorted(names)  # nothing lost
+    for r in got:
+        assert r["status"] == "error" and r["error"].startswith("timed out"), r["error"]
+        assert "3 s (VLM_REQUEST_TIMEOUT_S)" in r["error"]
+
+
 class _Encoder:
     """A model stage of an archive job: one actor, one CPU."""
 

@@ -175,6 +175,7 @@ def job_spec(
         vllm=vllm_settings.model_dump(),
         warm_idle_s=vlm.warm_engine_idle_s if engine in ("transformers", "vllm") and ray_outlives_steps() else 0.0,
         endpoint=vlm.endpoint(served) if served else {},
+        request_timeout_s=vlm.endpoint_timeout_s,
         cpu_to_accelerator=cpu_to_accelerator,
     )
 

@@ -217,7 +217,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
         deploy(spec)  # the first replica is up (the model loaded) before any batch is sent
         ds = ds.map_batches(
             served_captions,
-            fn_kwargs={"app": app_name(spec), "prompt": spec.prompt},
+            fn_kwargs={"app": app_name(spec), "prompt": spec.prompt, "timeout_s": spec.request_timeout_s},
             batch_size=spec.engine.batch_size,
             # Callers without a CPU: they wait on the replicas, which hold the model (and the GPU).
             concurrency=max(1, spec.vlm_concurrency) * IN_FLIGHT,

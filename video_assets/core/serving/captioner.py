@@ -372,17 +372,43 @@ def _retried(call):
 _HANDLES: dict = {}  # a worker's handles by application: Ray reuses a job's workers for its tasks
 
 
-def served_captions(batch: dict[str, np.ndarray], app: str, prompt: str) -> dict[str, list]:
+def served_captions(
+    batch: dict[str, np.ndarray], app: str, prompt: str, timeout_s: float | None = None
+) -> dict[str, list]:
     """The captions job's model stage on a Serve application: a Ray Data task with no CPU of its own that
     sends a batch to the application and waits. A task, not an actor: it runs in the job's workers that
     decoded (each new process of a new job costs a start and imports). A replica that dies under a batch
     is replaced by Serve; the batch is sent again ``VLM_BATCH_RETRIES`` times, then fails and is dropped
-    like any engine stage's (``tolerate_failed_batches``: its segments become error rows)."""
+    like any engine stage's (``tolerate_failed_batches``: its segments become error rows). A replica that
+    does not answer within ``timeout_s`` (alive, but stalled) gets its request cancelled, and the batch's
+    segments are error rows naming the timeout: the job goes on."""
     from ray import serve
 
     if (handle := _HANDLES.get(app)) is None:
         handle = _HANDLES[app] = serve.get_app_handle(app)
-    return _retried(lambda: handle.caption.remote(batch, prompt).result())
+
+    def call():
+        response = handle.caption.remote(batch, prompt)
+        try:
+            return response.result(timeout_s=timeout_s)
+        except TimeoutError:
+            response.cancel()
+            why = f"timed out: the served engine gave no answer within {timeout_s:g} s (VLM_REQUEST_TIMEOUT_S)"
+            return caption_batch(Unanswered(why), None, batch, prompt, 0)
+
+    return _retried(call)
+
+
+class Unanswered:
+    """The engine interface answering every request with ``error`` (requests a server never answered)."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+    def generate(self, requests: list) -> list:
+        from video_assets.core.captioning.requests import failed
+
+        return [failed(r.request_id, self.error) for r in requests]
 
 
 class ServedEngine:
@@ -408,10 +434,19 @@ class ServedStructurer:
 
     def __init__(self, spec: JobSpec, batch_size: int):
         self.batch_size = batch_size
+        self.timeout_s = spec.request_timeout_s
         self.app = deploy(spec)
 
     def generate(self, requests: list) -> list:
-        return on_worker(self.app, "structure", requests, self.batch_size)
+        """The replica's answers; when it gives none within the request timeout (a stalled replica), each
+        request's error says so (Ray raises the task's TimeoutError as one)."""
+        from video_assets.core.structuring.policy import StructureResponse
+
+        try:
+            return on_worker(self.app, "structure", requests, self.batch_size, timeout_s=self.timeout_s)
+        except TimeoutError:
+            why = f"timed out: the served engine gave no answer within {self.timeout_s:g} s (VLM_REQUEST_TIMEOUT_S)"
+            return [StructureResponse(q.request_id, "", error=why) for q in requests]
 
 
 CHAT_MAX_TOKENS = 512  # a chat turn's cap when the caller gives none (a summary of a video part)

@@ -191,10 +191,11 @@ def retire_idle(keep: str) -> list[str]:
     return deleted
 
 
-def build_processor(app: str, batch_size: int, actors: int, preprocess, postprocess):
+def build_processor(app: str, batch_size: int, actors: int, preprocess, postprocess, timeout_s: float | None):
     """Ray Data LLM's Serve deployment processor on ``app``'s chat method: ``actors`` callers without a CPU
     (the replica holds the engine and its CPUs or GPUs), each sending a batch's ``batch_size`` requests at once;
-    a failed request is an error row, a batch whose caller dies is tried as every engine stage's is."""
+    a failed request, or one not answered within ``timeout_s`` (a stalled replica), is an error row, a batch
+    whose caller dies is tried as every engine stage's is."""
     from ray.data.llm import ServeDeploymentProcessorConfig
     from ray.data.llm import build_processor as build
     from ray.serve.llm.openai_api_models import ChatCompletionRequest
@@ -206,6 +207,7 @@ def build_processor(app: str, batch_size: int, actors: int, preprocess, postproc
         batch_size=batch_size,
         concurrency=max(1, actors),
         should_continue_on_error=True,
+        request_timeout_s=timeout_s,
     )
     processor = build(config, preprocess=preprocess, postprocess=postprocess)
     stage = processor.get_stage_by_name(STAGE)
@@ -289,6 +291,7 @@ def build_served_processor_for_job(ds, spec: JobSpec, app: str):
         callers(settings),
         preprocess=functools.partial(caption_request_row, spec=spec, app=app),
         postprocess=caption_result,
+        timeout_s=spec.request_timeout_s,
     )
     # Ray's error rows bypass the postprocess; shape them too.
     return processor(ds).map(caption_result)
@@ -305,6 +308,7 @@ class ServedLlmStructurer:
     def __init__(self, spec: JobSpec, batch_size: int):
         self.app = deploy(spec)
         self.batch_size = batch_size
+        self.timeout_s = spec.request_timeout_s
         self.name = f"vllm (served application {self.app})"
 
     def generate(self, requests: list) -> list:
@@ -314,11 +318,11 @@ class ServedLlmStructurer:
         if not requests:
             return []
         items = [{REQUEST_KEY: q.request_id, **chat_row(self.app, structure_payload(self.app, q))} for q in requests]
-        rows = on_cluster(_structure_rows, self.app, self.batch_size, items)
+        rows = on_cluster(_structure_rows, self.app, self.batch_size, items, self.timeout_s)
         return answered(requests, rows, "no answer from the served engine after every try (see the Ray logs)")
 
 
-def _structure_rows(app: str, batch_size: int, items: list[dict]):
+def _structure_rows(app: str, batch_size: int, items: list[dict], timeout_s: float | None):
     """The requests' answer rows as an endpoint's (``answer_row``), each with its request id."""
     import ray
 
@@ -330,7 +334,9 @@ def _structure_rows(app: str, batch_size: int, items: list[dict]):
             return row
         return {REQUEST_KEY: row[REQUEST_KEY], **answer_row(row)}
 
-    processor = build_processor(app, batch_size, batch_size, preprocess=lambda row: row, postprocess=_post)
+    processor = build_processor(
+        app, batch_size, batch_size, preprocess=lambda row: row, postprocess=_post, timeout_s=timeout_s
+    )
     yield from tolerate_failed_batches(processor(ray.data.from_items(items)).map(_post)).take_all()
 
 
