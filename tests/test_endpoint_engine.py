@@ -338,3 +338,43 @@ def test_a_batch_the_endpoint_failed_is_blocked_and_the_demo_says_why(
     assert not res["tables"].exists("structured_events")  # blocked: nothing structured from it
     [line] = failed_checks(result)
     assert "captions_mostly_captioned" in line and "VLM_MAX_ERROR_SHARE" in line and "2 of 2" in line
+
+
+@pytest.mark.slow
+def test_frame_descriptions_go_to_the_endpoint_that_captioned(instance, resources, session_ray, volume_dir, tmp_path):
+    """VLM_ENGINE=endpoint with frame descriptions on: curation describes each kept frame through the
+    registered endpoint (one image per request, the captions' request), not an engine it cannot load."""
+    from resources.curation import CurationStore
+    from video_assets.defs.curation.assets import frames
+
+    replies = {"model": "stub-vlm", "user_routes": {"Frames sampled at": CAPTION}}
+    with stub_server(replies, tmp_path) as stub:
+        res = _resources(resources, session_ray, tmp_path, stub, "sk-x")
+        res["curation"] = CurationStore(frames_dir=str(tmp_path / "frames"), exports_dir=str(tmp_path / "exports"))
+        key, result = _caption_batch(instance, res, volume_dir)
+        assert result.success
+        captioned = len(stub.requests())
+        result = materialize(
+            [frames, captions_asset(), vlm_model, caption_prompt],
+            selection=[frames],
+            partition_key=key,
+            instance=instance,
+            resources=res,
+            run_config={"ops": {"frames": {"config": {"describe": True}}}},
+            raise_on_error=False,
+        )
+        assert result.success, _logs(instance, result.run_id)[-3000:]
+        described = stub.requests()[captioned:]
+    meta = result.asset_materializations_for_node("frames")[0].metadata
+    assert meta["describe_engine"].value == f"endpoint {stub.base_url} (stub-vlm)"
+    kept = pl.read_delta(res["tables"].table_uri("frames")).filter(pl.col("kept"))
+    assert kept.height >= 1 and (kept["description"] == CAPTION).all()  # the endpoint's answer, stored
+    assert len(described) == kept.height
+    for r in described:
+        assert sum(p["type"] == "image_url" for p in r["messages"][0]["content"]) == 1
+
+
+def captions_asset():
+    from video_assets.defs.captioning.assets import captions
+
+    return captions

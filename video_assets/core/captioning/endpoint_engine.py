@@ -84,3 +84,53 @@ def build_endpoint_processor_for_job(ds, spec):
         return out
 
     return request_stage(ds, endpoint, _pre, _job_result)
+
+
+class EndpointEngine:
+    """The captioning engine interface (``generate``: CaptionRequests in, CaptionResponses out) on an endpoint,
+    for a Ray Data actor that holds no model (curation's frame descriptions): the same chat request per
+    request (``caption_payload``) and the same per-request bounds as the captions job (``EndpointRequests``)."""
+
+    def __init__(self, endpoint: dict):
+        from video_assets.core.inference.endpoint import EndpointRequests
+
+        self.endpoint = Endpoint(**endpoint)
+        self.stage = EndpointRequests(self.endpoint)
+        self._loop = None
+
+    def generate(self, requests: list) -> list:
+        import asyncio
+
+        from video_assets.core.captioning.requests import CaptionResponse
+        from video_assets.core.inference.endpoint import PAYLOAD, RESPONSE
+        from video_assets.core.inference.vllm import ERROR_KEY
+
+        rows = []
+        for q in requests:
+            try:
+                payload = caption_payload(self.endpoint.model, q.frames, list(q.timestamps), q.prompt, q.max_new_tokens)
+                rows.append(payload_row(payload))
+            except Exception as exc:
+                rows.append(error_row(f"{exc.__class__.__name__}: {exc}"))
+        if self._loop is None:  # one loop for the actor's life: the stage's HTTP session lives on it
+            self._loop = asyncio.new_event_loop()
+        out = self._loop.run_until_complete(
+            self.stage({PAYLOAD: [r[PAYLOAD] for r in rows], ERROR_KEY: [r[ERROR_KEY] for r in rows]})
+        )
+        responses = []
+        for i, q in enumerate(requests):
+            answer = read_answer(
+                {ERROR_KEY: out[ERROR_KEY][i], RESPONSE: out[RESPONSE][i], "endpoint_s": out["endpoint_s"][i]}
+            )
+            error = answer.error or (None if answer.text else "the endpoint answered with no text")
+            responses.append(
+                CaptionResponse(
+                    q.request_id,
+                    answer.text if not error else "",
+                    answer.input_tokens,
+                    answer.output_tokens,
+                    answer.latency_s,
+                    error,
+                )
+            )
+        return responses

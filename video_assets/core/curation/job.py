@@ -118,8 +118,12 @@ class DescribeStage:
     call describes the kept frames of a batch of frame rows (one-frame requests on the captioning engine
     interface) and hands every row on."""
 
-    def __init__(self, engine: EngineSpec, prompt: str, app: str | None = None):
-        if app is not None:
+    def __init__(self, engine: EngineSpec, prompt: str, app: str | None = None, endpoint: dict | None = None):
+        if endpoint:  # VLM_ENGINE=endpoint: the registered endpoint describes, as it captions
+            from video_assets.core.captioning.endpoint_engine import EndpointEngine
+
+            self.engine = EndpointEngine(endpoint)
+        elif app is not None:
             from video_assets.core.serving import llm
             from video_assets.core.serving.captioner import ServedEngine
 
@@ -171,11 +175,13 @@ def curated_rows(
     engine: EngineSpec | None = None,
     prompt: str = DEFAULT_DESCRIBE_PROMPT,
     app: str | None = None,
+    endpoint: dict | None = None,
 ):
     """``videos``: video_id, batch_key, uri, rotation, times (JSON: segment -> caption frame times).
     Yields one row (``ROW_COLUMNS``) per caption frame; ``engine`` set: kept frames get a description,
-    from ``app`` (the engine's Serve application) when given, else from an engine loaded per actor."""
+    from ``endpoint`` (``Endpoint`` fields) or ``app`` (the engine's Serve application) when given, else
+    from an engine loaded per actor."""
     if engine is None:
         return stream(videos, decode_and_curate, {"config": config}, None, {}, spec)
-    kwargs = {"engine": engine, "prompt": prompt, "app": app}
+    kwargs = {"engine": engine, "prompt": prompt, "app": app, "endpoint": endpoint}
     return stream(videos, decode_and_curate, {"config": config}, DescribeStage, kwargs, spec)

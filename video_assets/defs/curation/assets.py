@@ -21,7 +21,7 @@ from pydantic import Field
 from resources.curation import CurationStore
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
-from resources.vlm import VlmSettings
+from resources.vlm import VlmSettings, registered_endpoint
 from video_assets.core.captioning.job import EngineSpec
 from video_assets.core.captioning.versions import caption_frames
 from video_assets.core.curation.export import export_frames
@@ -78,14 +78,19 @@ def frames(
     are those the captions step last wrote for the batch (lineage)."""
     cfg, prompt = config.curation()
     caps, pair = lineage_captions(context, tables, batch)
-    engine, app, extra = None, None, {"image_store": config.image_store}
+    engine, app, endpoint, extra = None, None, None, {"image_store": config.image_store}
     if config.describe:
         model, model_version = model_files_of(mlflow_registry, vlm, pair.model_version), pair.model_version
-        engine = EngineSpec("transformers", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
         extra |= {"describe_prompt": prompt, "describer": f"{vlm.registered_model}/{model_version}"}
-        # On a Ray that outlives the steps, the caption model's served application describes (loaded once
-        # for captions, structuring, summaries and these); else an engine loaded in the job.
-        app = served_application(vlm, model)
+        if registered := registered_endpoint(model.path):
+            # The version that captioned is an endpoint: it describes too, with the captions' request bounds.
+            engine = EngineSpec("endpoint", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
+            endpoint = vlm.endpoint(registered)
+        else:
+            engine = EngineSpec("transformers", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
+            # On a Ray that outlives the steps, the caption model's served application describes (loaded once
+            # for captions, structuring, summaries and these); else an engine loaded in the job.
+            app = served_application(vlm, model)
     version = cfg.version(**extra)
 
     existing = tables.batch(CURATED_FRAMES, batch, SCHEMAS[CURATED_FRAMES])
@@ -104,14 +109,15 @@ def frames(
         f"curated, {skipped} without captioned frames; frames of {sources['sampled_frames']} from sampled_frames, "
         f"{sources['decoded_again']} decoded again"
     )
-    gpus = actor_gpus(vlm, "transformers") if engine is not None and app is None else 0.0
-    spec = StageSpec(vlm.cpu_concurrency, vlm.concurrency, gpus, vlm.batch_size, model_num_cpus=0 if app else 1)
+    in_job = engine is not None and app is None and endpoint is None  # a model loaded in the job's actors
+    gpus = actor_gpus(vlm, "transformers") if in_job else 0.0
+    spec = StageSpec(vlm.cpu_concurrency, vlm.concurrency, gpus, vlm.batch_size, model_num_cpus=1 if in_job else 0)
     expected = {v["video_id"]: sum(len(ts) for ts in json.loads(v["times"]).values()) for v in todo}
     started, written, n_frames = time.perf_counter(), 0, 0
     open_video: dict[str, list[dict]] = {}
     pending: list[dict] = []
     sheet: list[tuple[str, list]] = []
-    for row in curated_rows(todo, cfg, spec, engine, prompt, app):
+    for row in curated_rows(todo, cfg, spec, engine, prompt, app, endpoint):
         vid = row["video_id"]
         open_video.setdefault(vid, []).append(row)
         n_frames += 1
@@ -147,7 +153,11 @@ def frames(
             "curation_config": MetadataValue.json({**asdict(cfg), **extra}),
             # What described the kept frames: the caption model's Serve application, an engine in the job, or none.
             "describe_engine": MetadataValue.text(
-                f"served application {app}" if app else ("in-job transformers" if engine is not None else "none")
+                f"served application {app}"
+                if app
+                else f"endpoint {endpoint['url']} ({endpoint['model']})"
+                if endpoint
+                else ("in-job transformers" if engine is not None else "none")
             ),
             "rows_by_reason": MetadataValue.json(reasons),
             "frames_kept": MetadataValue.int(int(out.get_column("kept").sum()) if out.height else 0),
