@@ -94,6 +94,20 @@ def own_ray(dagster_home):
         ray.shutdown()
 
 
+def test_auto_asks_a_gpu_node_of_the_cluster_whether_vllm_is_there(own_ray, monkeypatch):
+    """VLM_ENGINE=auto with Dagster outside the cluster: the step's own packages say nothing about the GPU
+    workers'. Here the step process claims vLLM and the cluster (a loopback node declaring 2 GPUs, whose
+    workers run this environment, without vLLM) has none: auto is transformers, decided on the GPU node."""
+    import video_assets.core.inference as inference
+    import video_assets.defs.engines as engines
+
+    monkeypatch.setattr(inference, "vllm_importable", lambda: True)  # this process "has" vLLM
+    own_ray(num_cpus=1, num_gpus=2)
+    assert engines.cluster_gpus() == 2.0
+    assert engines.cluster_has_vllm() is False
+    assert engines.engine_name(VlmSettings(cache_dir="/tmp", engine="auto")) == "transformers"
+
+
 def test_vllm_env_vars_extend_what_the_step_forwards_to_a_served_engine(own_ray, monkeypatch):
     """Ray Serve LLM sets a replica's runtime_env to the caller's with the engine's keys over it: an
     ``env_vars`` of the engine's own would drop the forwarded stores, MLflow and hub variables. (The served

@@ -346,3 +346,12 @@ def test_choose_engine_name(monkeypatch):
     assert choose_engine_name("auto") == "vllm"
     monkeypatch.setattr(engines, "vllm_importable", lambda: False)
     assert choose_engine_name(None) == "transformers"
+    # With a cluster's GPU count, whether vLLM imports is asked of the cluster (has_vllm), only when it has GPUs.
+    assert choose_engine_name("auto", gpus=8, has_vllm=lambda: True) == "vllm"
+    monkeypatch.setattr(engines, "vllm_importable", lambda: True)  # this process has it: beside the point
+    assert choose_engine_name("auto", gpus=8, has_vllm=lambda: False) == "transformers"
+
+    def never():
+        raise AssertionError("asked without GPUs")
+
+    assert choose_engine_name("auto", gpus=0, has_vllm=never) == "transformers"

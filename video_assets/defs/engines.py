@@ -18,7 +18,7 @@ from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings, registered_endpoint
 from video_assets.core.captioning.job import EngineSpec, JobSpec, caption_rows
 from video_assets.core.captioning.versions import caption_digest, split_key
-from video_assets.core.inference import choose_engine_name, vllm_importable
+from video_assets.core.inference import choose_engine_name, vllm_importable, vllm_on_this_node
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.retries import NO_RESULT
 from video_assets.core.inference.service_runner import on_cluster
@@ -69,7 +69,25 @@ def ray_dashboard(ray_resource) -> dict:
 
 def engine_name(vlm: VlmSettings) -> str:
     """``auto`` asks the cluster, not this process: a CPU-only orchestrator may drive GPU workers."""
-    return choose_engine_name(vlm.engine, gpus=cluster_gpus())
+    return choose_engine_name(vlm.engine, gpus=cluster_gpus(), has_vllm=cluster_has_vllm)
+
+
+def cluster_has_vllm(timeout_s: float = 60.0) -> bool:
+    """Whether vLLM imports on a GPU node of the connected Ray cluster, asked there (a task of no resources
+    pinned to the node, in the job's runtime env): the Dagster machine's own packages say nothing about the
+    workers'. False without a live GPU node or an answer in ``timeout_s``."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and (n.get("Resources") or {}).get("GPU", 0) > 0]
+    if not nodes:
+        return False
+    pinned = NodeAffinitySchedulingStrategy(nodes[0], soft=False)
+    probe = ray.remote(num_cpus=0, max_retries=0, scheduling_strategy=pinned)(vllm_on_this_node)
+    try:
+        return bool(ray.get(probe.remote(), timeout=timeout_s))
+    except Exception:
+        return False
 
 
 def actor_gpus(vlm: VlmSettings, engine: str) -> float:
@@ -444,7 +462,7 @@ def make_structurer(
     gpus = None
     if requested == "vllm" or (requested == "auto" and vllm_importable()):
         gpus = connect_ray() if connect_ray is not None else cluster_gpus()
-    if choose_engine_name(settings.engine, gpus=gpus) == "vllm":
+    if choose_engine_name(settings.engine, gpus=gpus, has_vllm=cluster_has_vllm) == "vllm":
         if warm is not None and warm.engine.name == "vllm" and settings.model == CAPTIONER:
             from video_assets.core.serving import llm
 

@@ -3,7 +3,7 @@ the transformers generation helper (``hf``) and the vLLM settings and row conver
 
 - ``transformers``: CPU or one GPU, inside a Ray Data actor (captions) or the step (structuring).
 - ``vllm``: Ray Data LLM's vLLM processor, GPU clusters.
-- ``endpoint``: an OpenAI-compatible server (``endpoint``), through Ray Data LLM's HTTP stage.
+- ``endpoint``: an OpenAI-compatible server (``endpoint``), through its request stage (``EndpointRequests``).
 
 Importing this package imports neither torch, transformers nor vLLM.
 """
@@ -19,6 +19,7 @@ __all__ = [
     "choose_engine_name",
     "cuda_visible",
     "vllm_importable",
+    "vllm_on_this_node",
 ]
 
 
@@ -28,6 +29,11 @@ def vllm_importable() -> bool:
         return importlib.util.find_spec("vllm") is not None
     except (ImportError, ValueError):
         return False
+
+
+def vllm_on_this_node() -> bool:
+    """``vllm_importable`` as a Ray task runs it on a cluster node (shipped by reference: the node's own check)."""
+    return vllm_importable()
 
 
 def cuda_visible() -> bool:
@@ -41,16 +47,19 @@ def cuda_visible() -> bool:
         return False
 
 
-def choose_engine_name(requested: str | None, gpus: float | None = None) -> str:
-    """Which engine runs. ``"auto"``/None -> ``"vllm"`` only when vLLM is importable AND GPUs are there:
-    ``gpus`` of the Ray cluster when the caller knows it, else a CUDA GPU visible to this process.
-    An explicit ``"transformers"``, ``"vllm"`` or ``"endpoint"`` is returned as asked (the vLLM stage may run on
-    cluster GPUs this process cannot see); anything else is a ValueError.
+def choose_engine_name(requested: str | None, gpus: float | None = None, has_vllm=None) -> str:
+    """Which engine runs. ``"auto"``/None -> ``"vllm"`` only when GPUs are there AND vLLM imports where they
+    are: ``gpus`` of the Ray cluster when the caller knows it, with ``has_vllm()`` (asked only then: a GPU
+    node of that cluster, not this process, which may be a CPU-only orchestrator without vLLM); else a
+    CUDA GPU and vLLM in this process. An explicit ``"transformers"``, ``"vllm"`` or ``"endpoint"`` is
+    returned as asked (the vLLM stage may run on cluster GPUs this process cannot see); anything else is a
+    ValueError.
     """
     name = (requested or "auto").strip().lower()
     if name == "auto":
-        has_gpus = gpus > 0 if gpus is not None else cuda_visible()
-        return "vllm" if vllm_importable() and has_gpus else "transformers"
+        if gpus is None:
+            return "vllm" if cuda_visible() and vllm_importable() else "transformers"
+        return "vllm" if gpus > 0 and (has_vllm or vllm_importable)() else "transformers"
     if name not in ENGINE_NAMES:
         raise ValueError(
             f"unknown engine {requested!r}; expected auto, {', '.join(ENGINE_NAMES[:-1])} or {ENGINE_NAMES[-1]}"
