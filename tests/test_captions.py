@@ -60,6 +60,8 @@ def test_captions_for_a_batch_with_a_corrupt_file(
             "required_columns": True,
             "captions_ok_rows_have_prose": True,
             "captions_videos_complete": True,
+            # The corrupt file's decode error is the input's, not the engine's: not counted against the batch.
+            "captions_mostly_captioned": True,
         }
         return pl.read_delta(res["tables"].table_uri("captions"))
 

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from dagster import materialize
 
-from tests.fixtures.batches import caption_new_batch, endpoint_resources, structure_batch
+from tests.fixtures.batches import caption_new_batch, endpoint_resources, materialize_slice, structure_batch
 from tests.fixtures.openai_stub import stub_server
 from video_assets.core.captioning.endpoint_engine import caption_payload
 from video_assets.core.inference.endpoint import Endpoint, check_url
@@ -219,19 +219,10 @@ def test_a_segment_the_endpoint_never_answers_is_an_error_row_and_the_others_are
     marker = timestamps_text(list(first["frame_timestamps"][0]))
     assert marker != timestamps_text(list(first["frame_timestamps"][1]))  # it picks out one clip
     again = {"ops": {"captions": {"config": {**RUN_CONFIG["ops"]["captions"]["config"], "recaption": True}}}}
-    slice_ = [captions, vlm_model, caption_prompt]
     port = int(stub.base_url.rsplit(":", 1)[1].split("/")[0])  # the registered endpoint: the same URL
     with stub_server({**replies, "faults": {marker: {"stall_s": 120}}}, tmp_path / "b", port) as stub:
         res = _resources(resources, session_ray, tmp_path, stub, "sk-x", endpoint_timeout_s=2.0)
-        result = materialize(
-            slice_,
-            selection=[captions],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-            run_config=again,
-            raise_on_error=False,
-        )
+        result = materialize_slice([captions], key, instance=instance, resources=res, run_config=again)
         assert result.success, _logs(instance, result.run_id)[-3000:]
         sent = stub.requests()
     caps = pl.read_delta(res["tables"].table_uri("captions")).sort("uri")
@@ -244,15 +235,7 @@ def test_a_segment_the_endpoint_never_answers_is_an_error_row_and_the_others_are
     assert "base64" not in messages  # the request (its frames) is not quoted in the log lines
     with stub_server(replies, tmp_path / "c", port) as stub:  # the server is well again: the rerun completes the batch
         res = _resources(resources, session_ray, tmp_path, stub, "sk-x", endpoint_timeout_s=2.0)
-        result = materialize(
-            slice_,
-            selection=[captions],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-            run_config=RUN_CONFIG,
-            raise_on_error=False,
-        )
+        result = materialize_slice([captions], key, instance=instance, resources=res, run_config=RUN_CONFIG)
         assert result.success
         assert len(stub.requests()) == 1  # only the missing segment
     caps = pl.read_delta(res["tables"].table_uri("captions"))
@@ -306,7 +289,6 @@ def test_a_batch_the_endpoint_failed_is_blocked_and_the_demo_says_why(
         assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
         from tests.fixtures.samples import copy_samples
         from video_assets.defs.captioning.assets import captions
-        from video_assets.defs.captioning.checks import captions_mostly_captioned
         from video_assets.defs.ingest.assets import raw_videos, video_metadata
         from video_assets.defs.ingest.registration import register_new_files
         from video_assets.defs.partitions import video_batches
@@ -314,22 +296,12 @@ def test_a_batch_the_endpoint_failed_is_blocked_and_the_demo_says_why(
         copy_samples(volume_dir, CLIPS)
         [key] = register_new_files(res["volume"], res["tables"]).batches
         instance.add_dynamic_partitions(video_batches.name, [key])
-        result = materialize(
-            [
-                raw_videos,
-                video_metadata,
-                captions,
-                captions_mostly_captioned,
-                structured_events,
-                vlm_model,
-                caption_prompt,
-            ],
-            selection=[raw_videos, video_metadata, captions, structured_events],
-            partition_key=key,
+        result = materialize_slice(
+            [raw_videos, video_metadata, captions, structured_events],
+            key,
             instance=instance,
             resources=res,
             run_config=RUN_CONFIG,
-            raise_on_error=False,
         )
     assert not result.success
     caps = pl.read_delta(res["tables"].table_uri("captions"))
@@ -354,15 +326,8 @@ def test_frame_descriptions_go_to_the_endpoint_that_captioned(instance, resource
         key, result = _caption_batch(instance, res, volume_dir)
         assert result.success
         captioned = len(stub.requests())
-        result = materialize(
-            [frames, captions_asset(), vlm_model, caption_prompt],
-            selection=[frames],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-            run_config={"ops": {"frames": {"config": {"describe": True}}}},
-            raise_on_error=False,
-        )
+        describe = {"ops": {"frames": {"config": {"describe": True}}}}
+        result = materialize_slice([frames], key, instance=instance, resources=res, run_config=describe)
         assert result.success, _logs(instance, result.run_id)[-3000:]
         described = stub.requests()[captioned:]
     meta = result.asset_materializations_for_node("frames")[0].metadata
@@ -372,9 +337,3 @@ def test_frame_descriptions_go_to_the_endpoint_that_captioned(instance, resource
     assert len(described) == kept.height
     for r in described:
         assert sum(p["type"] == "image_url" for p in r["messages"][0]["content"]) == 1
-
-
-def captions_asset():
-    from video_assets.defs.captioning.assets import captions
-
-    return captions

@@ -22,17 +22,15 @@ from resources.ray_service import local_ray_address, ray_init_options, ray_outli
 from resources.settings import embedded_ray_auth
 from resources.structurer import StructurerSettings
 from resources.vlm import TINY_MODEL_SOURCE, VlmSettings
-from tests.fixtures.batches import caption_new_batch, structure_batch
+from tests.fixtures.batches import caption_new_batch, materialize_slice, structure_batch
 from video_assets.cli import _caption_model_chat
 from video_assets.core.qa.agent import PLAN_SCHEMA
 from video_assets.core.serving import llm
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.engines import TransformersStructurer
-from video_assets.defs.captioning.assets import captions
 from video_assets.defs.curation.assets import frames
 from video_assets.defs.engines import structure_rows
 from video_assets.defs.models.assets import caption_prompt, vlm_model
-from video_assets.defs.structuring.assets import structured_events
 from video_assets.defs.summaries.assets import video_summaries
 
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
@@ -155,13 +153,7 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(
         # Summaries with the caption model as their LLM (LLM_BASE_URL=captioner): the same replica answers
         # the chat turns, no other load; a summary per video, named after the application.
         res["llm"] = LlmSettings(base_url="captioner")
-        result = materialize(
-            [video_summaries, captions, structured_events, vlm_model, caption_prompt],
-            selection=[video_summaries],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-        )
+        result = materialize_slice([video_summaries], key, instance=instance, resources=res, raise_on_error=True)
         meta = result.asset_materializations_for_node("video_summaries")[0].metadata
         assert meta["summarizer"].value == f"llm:{engine['app']}" and meta["videos_summarized"].value == 2
         [after] = _replicas(address)
@@ -171,14 +163,8 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(
 
         # Curation's frame descriptions on the same replica: every kept frame described there, no other load.
         res["curation"] = CurationStore(frames_dir=str(tmp_path / "frames"), exports_dir=str(tmp_path / "exports"))
-        result = materialize(
-            [frames, captions, vlm_model, caption_prompt],
-            selection=[frames],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-            run_config={"ops": {"frames": {"config": {"describe": True}}}},
-        )
+        describe = {"ops": {"frames": {"config": {"describe": True}}}}
+        result = materialize_slice([frames], key, instance=instance, resources=res, run_config=describe)
         assert result.success
         meta = result.asset_materializations_for_node("frames")[0].metadata
         assert meta["describe_engine"].value == f"served application {engine['app']}"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from resources.volume import VideoVolume
+from tests.fixtures.batches import materialize_slice
 from video_assets.core.streams.config import Camera, load_cameras, redacted
 from video_assets.core.streams.recorder import CUT, ENDED, FIRST, Recorder, record_all
 
@@ -243,15 +244,15 @@ def test_a_cameras_segments_flow_through_the_graph_into_alerts_in_its_own_time(
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         [run] = tick.run_requests
         assert materialize([vlm_model, caption_prompt], instance=instance, resources=res).success
-        everything = [raw_videos, video_metadata, captions, structured_events, routed_events, vlm_model, caption_prompt]
         # Two runs (captions, then the rest): in one process each Ray stage would initialise Ray again.
         sampling = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}
         for selection, config in (
             ([raw_videos, video_metadata, captions], sampling),
             ([structured_events, routed_events], {}),
         ):
-            result = materialize(everything, selection=selection, partition_key=run.partition_key, instance=instance,
-                                 resources=res, run_config=config)  # fmt: skip
+            result = materialize_slice(
+                selection, run.partition_key, instance=instance, resources=res, run_config=config
+            )
             assert result.success
     done = datetime.now(UTC)
     segments = pl.read_delta(res["tables"].table_uri("stream_segments")).sort("started_at")

@@ -63,7 +63,7 @@ class Endpoint:
     url: str  # base URL, e.g. http://127.0.0.1:8000/v1
     model: str
     api_key: str = field(default="", repr=False)
-    qps: int | None = None  # requests per second per batch (Ray's HTTP stage); None: as fast as answered
+    qps: int | None = None  # requests per second per request-stage actor; None: as fast as answered
     timeout_s: float = 120.0  # per try, connect to last byte; a timed-out request is not tried again
     retries: int = VLM_BATCH_RETRIES  # more tries after a 429 / 408 / 5xx / dropped connection
     batch_size: int = 4

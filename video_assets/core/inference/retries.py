@@ -16,6 +16,20 @@ def engine_stage_options() -> dict[str, int]:
     return {"max_restarts": -1, "max_task_retries": VLM_BATCH_RETRIES}
 
 
+# How long a job's actor pools may take to start every actor they were sized for (a model load each, a GPU node
+# scaled up, a model fetched onto it) before the job fails saying the cluster lacks the resources.
+ENGINES_START_TIMEOUT_S = 1800
+
+
+def all_engines_first(ds):
+    """Process no row until every actor of the job's fixed pools is up (Ray Data's ``wait_for_min_actors_s``):
+    an 8-engine pool captions on 8 GPUs from its first batch, not on those placed by then while the others
+    load; a pool that cannot start in ``ENGINES_START_TIMEOUT_S`` fails the job (too few GPUs) instead of
+    waiting silently. Set on this dataset's own context, not the process's."""
+    ds.context.wait_for_min_actors_s = ENGINES_START_TIMEOUT_S
+    return ds
+
+
 def tolerate_failed_batches(ds):
     """Let the job finish when a batch failed on every try (Ray Data drops it and logs why) instead of
     failing every other video's captions with it. Set on this dataset's own context, not the process's."""
