@@ -235,7 +235,7 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             **({"resources": spec.vlm_resources} if spec.vlm_resources else {}),
         )
     engine_node, asked = None, False
-    for row in all_engines_first(tolerate_failed_batches(ds)).iter_rows():
+    for row in all_engines_first(tolerate_failed_batches(ds), spec.vlm_concurrency).iter_rows():
         out = {k: row.get(k) for k in RESULT_COLUMNS}
         if spec.engine.name == "vllm" and out["status"] == CAPTION_OK:
             # Ray's vLLM stage does not say where it ran: its engine actors' node, when there is one. Asked

@@ -21,12 +21,14 @@ def engine_stage_options() -> dict[str, int]:
 ENGINES_START_TIMEOUT_S = 1800
 
 
-def all_engines_first(ds):
-    """Process no row until every actor of the job's fixed pools is up (Ray Data's ``wait_for_min_actors_s``):
-    an 8-engine pool captions on 8 GPUs from its first batch, not on those placed by then while the others
-    load; a pool that cannot start in ``ENGINES_START_TIMEOUT_S`` fails the job (too few GPUs) instead of
-    waiting silently. Set on this dataset's own context, not the process's."""
-    ds.context.wait_for_min_actors_s = ENGINES_START_TIMEOUT_S
+def all_engines_first(ds, engines: int):
+    """With more than one engine: process no row until every actor of the job's fixed pools is up (Ray Data's
+    ``wait_for_min_actors_s``): an 8-engine pool captions on 8 GPUs from its first batch, not on those placed
+    by then while the others load; a pool that cannot start in ``ENGINES_START_TIMEOUT_S`` fails the job (too
+    few GPUs) instead of waiting silently. One engine: nothing to wait for (the first row needs it anyway),
+    and decoding overlaps its model load. Set on this dataset's own context, not the process's."""
+    if engines > 1:
+        ds.context.wait_for_min_actors_s = ENGINES_START_TIMEOUT_S
     return ds
 
 
