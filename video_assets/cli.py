@@ -159,9 +159,8 @@ def run_batches(instance: DagsterInstance, keys: list[str]) -> bool:
 def failed_checks(result) -> list[str]:
     """A line for each blocking check of the run that failed (it stopped the batch's later assets), with why."""
     return [
-        f"check {c.asset_key.to_user_string()}:{c.check_name} failed, blocking the batch: {c.description or ''}".rstrip(
-            ": "
-        )
+        f"check {c.asset_key.to_user_string()}:{c.check_name} failed, blocking the batch"
+        + (f": {c.description}" if c.description else "")
         for c in result.get_asset_check_evaluations()
         if not c.passed and c.blocking
     ]

@@ -57,7 +57,7 @@ def caption_payload(model: str, images, timestamps: list[float], prompt: str, ma
 def _job_result(row: dict[str, Any]) -> dict[str, Any]:
     """A segment row as the job's RESULT_COLUMNS, from an answer or an error row (decode or request)."""
     answer = read_answer(row)
-    error = answer.error or (None if answer.text else "the endpoint answered with no text")
+    error = answer.caption_error("the endpoint")
     return result_row(row, answer.text, answer.input_tokens, answer.output_tokens, answer.latency_s, error)
 
 
@@ -122,7 +122,7 @@ class EndpointEngine:
             answer = read_answer(
                 {ERROR_KEY: out[ERROR_KEY][i], RESPONSE: out[RESPONSE][i], "endpoint_s": out["endpoint_s"][i]}
             )
-            error = answer.error or (None if answer.text else "the endpoint answered with no text")
+            error = answer.caption_error("the endpoint")
             responses.append(
                 CaptionResponse(
                     q.request_id,

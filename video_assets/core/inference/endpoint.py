@@ -248,6 +248,10 @@ class Answer:
     latency_s: float = 0.0
     error: str | None = None
 
+    def caption_error(self, server: str) -> str | None:
+        """The error of a caption from this answer: its own, or none from an empty answer (``server`` says who)."""
+        return self.error or (None if self.text else f"{server} answered with no text")
+
 
 def read_answer(row: dict[str, Any]) -> Answer:
     """A chat completion (or an error answer, or Ray's error row) as text, tokens and error."""

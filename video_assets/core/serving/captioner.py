@@ -393,10 +393,13 @@ def served_captions(
             return response.result(timeout_s=timeout_s)
         except TimeoutError:
             response.cancel()
-            why = f"timed out: the served engine gave no answer within {timeout_s:g} s (VLM_REQUEST_TIMEOUT_S)"
-            return caption_batch(Unanswered(why), None, batch, prompt, 0)
+            return caption_batch(Unanswered(_timed_out(timeout_s)), None, batch, prompt, 0)
 
     return _retried(call)
+
+
+def _timed_out(timeout_s: float | None) -> str:
+    return f"timed out: the served engine gave no answer within {timeout_s:g} s (VLM_REQUEST_TIMEOUT_S)"
 
 
 class Unanswered:
@@ -445,8 +448,7 @@ class ServedStructurer:
         try:
             return on_worker(self.app, "structure", requests, self.batch_size, timeout_s=self.timeout_s)
         except TimeoutError:
-            why = f"timed out: the served engine gave no answer within {self.timeout_s:g} s (VLM_REQUEST_TIMEOUT_S)"
-            return [StructureResponse(q.request_id, "", error=why) for q in requests]
+            return [StructureResponse(q.request_id, "", error=_timed_out(self.timeout_s)) for q in requests]
 
 
 CHAT_MAX_TOKENS = 512  # a chat turn's cap when the caller gives none (a summary of a video part)

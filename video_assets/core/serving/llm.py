@@ -249,7 +249,7 @@ def caption_result(row: dict[str, Any]) -> dict[str, Any]:
     if row.get("status") in (CAPTION_OK, CAPTION_ERROR):  # already shaped by the postprocess
         return row
     answer = read_answer(answer_row(row) if "http_response" not in row else row)
-    error = answer.error or (None if answer.text else "the served engine answered with no text")
+    error = answer.caption_error("the served engine")
     return result_row(row, answer.text, answer.input_tokens, answer.output_tokens, answer.latency_s, error)
 
 

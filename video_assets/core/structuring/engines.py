@@ -157,7 +157,7 @@ class VllmStructurer:
         ]
 
 
-# -- an OpenAI-compatible endpoint through the request stage (core.inference.endpoint) ------------------------------------
+# -- an OpenAI-compatible endpoint through the request stage (core.inference.endpoint) ----------------------
 
 
 def structure_payload(model: str, req: StructureRequest) -> dict[str, Any]:

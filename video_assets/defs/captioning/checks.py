@@ -61,11 +61,12 @@ def captions_mostly_captioned(
 ) -> AssetCheckResult:
     batches = checked_batches(context, CAPTIONS, captions.key)
     share = error_share(read_checked(tables, CAPTIONS, batches))
+    passed = share["error_share"] <= vlm.max_error_share
     return AssetCheckResult(
-        passed=share["error_share"] <= vlm.max_error_share,
+        passed=passed,
         severity=AssetCheckSeverity.ERROR,
         description=None
-        if share["error_share"] <= vlm.max_error_share
+        if passed
         else f"{share['errors']} of {share['segments']} segments are error rows (more than VLM_MAX_ERROR_SHARE="
         f"{vlm.max_error_share:g}); e.g. {share['reasons'][:2]}",
         metadata={**check_scope(batches), **share, "max_error_share": vlm.max_error_share},
