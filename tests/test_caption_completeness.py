@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from dagster import materialize
 
-import video_assets.defs.engines as runner
+import video_assets.defs.caption_job as runner
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
 from resources.settings import embedded_ray_auth
@@ -23,6 +23,7 @@ from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.tables import CAPTIONS, SCHEMAS, to_arrow
 from video_assets.defs.captioning.assets import captions
 from video_assets.defs.captioning.checks import captioning_checks
+from video_assets.defs.engines import job_spec
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.models.assets import caption_prompt, vlm_model
@@ -145,7 +146,7 @@ def test_a_killed_decode_worker_is_retried_with_one_row_per_segment(tiny_model, 
     tables = DeltaTables(root_uri=str(tmp_path / "tables"))
     vlm = VlmSettings(cache_dir=str(tmp_path), engine="transformers", max_new_tokens=4, batch_size=4)
     sampling = SamplingConfig(min_frames=2, max_frames=3, segment_s=2.0)
-    spec = runner.job_spec(sampling, vlm, "transformers", ModelFiles(str(tiny_model)), "Describe.")
+    spec = job_spec(sampling, vlm, "transformers", ModelFiles(str(tiny_model)), "Describe.")
     spec = replace(spec, cpu_concurrency=1)
     samples = Path(__file__).resolve().parents[1] / "samples"
     todo = pl.DataFrame(
@@ -207,7 +208,7 @@ def test_an_engine_that_dies_on_one_video_every_time_costs_only_that_video(tiny_
 
     tables = DeltaTables(root_uri=str(tmp_path / "tables"))
     vlm = VlmSettings(cache_dir=str(tmp_path), engine="transformers", max_new_tokens=4, batch_size=1)
-    spec = runner.job_spec(
+    spec = job_spec(
         SamplingConfig(min_frames=2, max_frames=3), vlm, "transformers", ModelFiles(str(tiny_model)), "Describe."
     )
     samples = Path(__file__).resolve().parents[1] / "samples"

@@ -98,7 +98,7 @@ def test_captions_for_a_batch_with_a_corrupt_file(
 
     [(measured, video_s, requests)] = calibration(instance)  # one batch size so far
     # vLLM's decode width calibrates on vLLM batches only (another engine's ratio would mis-size it).
-    from video_assets.defs.engines import calibration_runs
+    from video_assets.defs.caption_job import calibration_runs
 
     assert calibration_runs(instance, "transformers") == calibration(instance)
     assert calibration_runs(instance, "vllm") == []

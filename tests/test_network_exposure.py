@@ -20,7 +20,7 @@ from dagster_ray import RayResource
 
 from resources.settings import ray_auth_token_path
 from video_assets.definitions import build_resources
-from video_assets.defs.engines import ray_dashboard
+from video_assets.defs.ray_session import ray_dashboard
 
 # One cheap read-only method per Ray gRPC service (GCS, raylet, object manager, core worker, and the
 # dashboard agent's log service: with Ray Serve's dependencies installed the agent serves gRPC too). Ray

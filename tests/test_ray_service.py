@@ -29,8 +29,8 @@ from video_assets.core.serving import llm
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.structuring.engines import TransformersStructurer
 from video_assets.defs.curation.assets import frames
-from video_assets.defs.engines import structure_rows
 from video_assets.defs.models.assets import caption_prompt, vlm_model
+from video_assets.defs.structured import structure_rows
 from video_assets.defs.summaries.assets import video_summaries
 
 RUN_CONFIG = {"ops": {"captions": {"config": {"max_frames": 3, "min_frames": 2}}}}

@@ -223,7 +223,7 @@ def test_a_step_uses_the_ray_its_process_already_joined(local_ray):
     from dagster_ray.configs import Lifecycle
 
     from resources.ray_cluster import EmbeddedRay
-    from video_assets.defs.engines import connect_ray
+    from video_assets.defs.ray_session import connect_ray
 
     on_demand = EmbeddedRay(lifecycle=Lifecycle(connect=False))
     assert connect_ray(None, on_demand) == 0.0  # this Ray's GPUs: none

@@ -4,6 +4,7 @@ themselves); every asset carries its stage's code version."""
 import shutil
 from pathlib import Path
 
+from video_assets.core.sources import module_digest
 from video_assets.defs.common import CODE_VERSIONS, PACKAGE, STAGES, import_closure, source_digest
 
 
@@ -42,3 +43,26 @@ def test_every_asset_carries_its_stage_code_version():
     for key in graph.get_all_asset_keys():
         node = graph.get(key)
         assert node.code_version == CODE_VERSIONS[node.group_name], key
+
+
+def test_serving_code_reaches_only_the_stages_that_run_a_model(tmp_path):
+    # Routing, scoring, transcripts, embeddings and maintenance run no model: an edit to the serving code must
+    # not mark their materialisations stale (it did while every stage imported one engines module).
+    root = _copy_package(tmp_path)
+    before = {s: source_digest(s, root) for s in STAGES}
+    captioner = root / "core" / "serving" / "captioner.py"
+    captioner.write_text(captioner.read_text() + "\n# changed\n")
+    changed = {s for s in STAGES if source_digest(s, root) != before[s]}
+    assert changed == {"captioning", "curation", "promotion", "structuring", "summaries"}
+
+
+def test_a_serve_application_is_named_by_the_code_it_runs_only(tmp_path):
+    root = _copy_package(tmp_path)
+    served = root / "core" / "serving" / "captioner.py"
+    first = module_digest(served, root)
+    routing = root / "core" / "routing.py"  # not run by a replica: deploys nothing new
+    routing.write_text(routing.read_text() + "\n# changed\n")
+    assert module_digest(served, root) == first
+    engine = root / "core" / "captioning" / "transformers_engine.py"  # the replica's engine: a new application
+    engine.write_text(engine.read_text() + "\n# changed\n")
+    assert module_digest(served, root) != first

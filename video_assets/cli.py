@@ -49,11 +49,11 @@ def _resources(*names: str) -> dict:
 def _partition_target(first: str, last: str) -> dict:
     """execute_in_process / materialize arguments for one batch or a range of them (one run, as a
     single-run backfill runs it)."""
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+    from video_assets.defs.maintenance.reprocess import RANGE_END_TAG, RANGE_START_TAG
 
     if first == last:
         return {"partition_key": first}
-    return {"tags": {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}}
+    return {"tags": {RANGE_START_TAG: first, RANGE_END_TAG: last}}
 
 
 def preflight() -> list[str]:
@@ -612,7 +612,7 @@ def recover(instance: DagsterInstance) -> list[str]:
 
 def calibration(instance: DagsterInstance) -> list[tuple[dict, float, int]]:
     """What `predict` calibrates on (``defs.engines.calibration_runs``), or an exit saying what to run first."""
-    from video_assets.defs.engines import calibration_runs
+    from video_assets.defs.caption_job import calibration_runs
 
     found = calibration_runs(instance)
     if not found:

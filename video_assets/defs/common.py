@@ -4,7 +4,6 @@ from its declared key (``core.tables.KEYS``) and non-null columns."""
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import inspect
 import logging
@@ -35,6 +34,7 @@ from dagster import (
 
 from resources.delta import DeltaTables
 from video_assets.core.previews import markdown_table
+from video_assets.core.sources import closure, files_digest, imported_names  # noqa: F401 (imported_names: tests)
 from video_assets.core.tables import KEYS, SCHEMAS, required_columns
 from video_assets.core.uploads.discovery import printable
 
@@ -53,61 +53,10 @@ TRANSIENT_RETRY = RetryPolicy(max_retries=2, delay=5, backoff=Backoff.EXPONENTIA
 STAGE_DATA: dict[str, tuple[str, ...]] = {"models": ("prompts",)}
 
 
-def _module_file(module: str, root: Path) -> Path | None:
-    """The file of a ``video_assets`` module below ``root`` (the package folder), or None."""
-    parts = module.split(".")
-    if parts[0] != "video_assets":
-        return None
-    base = root.joinpath(*parts[1:])
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _parse(path: Path, tries: int = 5) -> ast.Module:
-    """``ast.parse``, tried again on CPython 3.11's SystemError "AST constructor recursion depth mismatch":
-    its AST module keeps one recursion counter for all threads, so a parse on another thread at the same
-    moment (Ray's, Dagster's) breaks this one (python/cpython#106905)."""
-    text = path.read_text()
-    for attempt in range(tries):
-        try:
-            return ast.parse(text, filename=str(path))
-        except SystemError:
-            if attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def imported_names(path: Path) -> set[str]:
-    """Every absolute name ``path`` imports, at module level or inside functions; ``from x import y``
-    gives both ``x`` and ``x.y`` (y may be a module of package x)."""
-    names = set()
-    for node in ast.walk(_parse(path)):
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
-    return names
-
-
-def _imports(path: Path, root: Path) -> set[Path]:
-    """Project files ``path`` imports (``imported_names`` that are files of the package)."""
-    return {f for name in imported_names(path) if (f := _module_file(name, root)) is not None}
-
-
 def import_closure(stage: str, root: Path = PACKAGE) -> list[Path]:
     """Every ``video_assets`` source file the stage's Dagster objects run: its defs folder and what it
     imports, transitively. (Resources are left out: they say where data lives, not what is computed.)"""
-    todo = sorted((root / "defs" / stage).glob("*.py"))
-    seen: set[Path] = set()
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        todo.extend(_imports(path, root) - seen)
-    return sorted(seen)
+    return closure(sorted((root / "defs" / stage).glob("*.py")), root)
 
 
 def stage_files(stage: str, root: Path = PACKAGE) -> list[Path]:
@@ -119,10 +68,7 @@ def stage_files(stage: str, root: Path = PACKAGE) -> list[Path]:
 def source_digest(stage: str, root: Path = PACKAGE) -> str:
     """Hash of the files a stage runs (``stage_files``): any change to them is a new code version, so
     Dagster's staleness view flags the stage's materialisations as out of date."""
-    h = hashlib.sha256()
-    for f in stage_files(stage, root):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:12]
+    return files_digest(stage_files(stage, root), root)
 
 
 STAGES = sorted(p.name for p in (PACKAGE / "defs").iterdir() if (p / "__init__.py").is_file())

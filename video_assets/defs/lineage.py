@@ -12,6 +12,7 @@ import polars as pl
 from dagster import AssetKey, AssetRecordsFilter, DataVersion, Failure, MetadataValue
 
 from resources.delta import DeltaTables
+from resources.structurer import CAPTIONER, StructurerSettings
 from video_assets.core.captioning.versions import caption_versions
 from video_assets.core.structuring import usecase as uc_mod
 from video_assets.core.tables import CAPTIONS, GOLDEN_SET, SAMPLED_FRAMES, SCHEMAS, STRUCTURED_EVENTS
@@ -120,3 +121,9 @@ def use_case_version(
 
 def golden_rows(tables: DeltaTables, use_case: str) -> list[dict]:
     return tables.read(GOLDEN_SET, SCHEMAS[GOLDEN_SET]).filter(pl.col("use_case") == use_case).to_dicts()
+
+
+def structurer_id(settings: StructurerSettings, model_name: str, model_version: str) -> str:
+    """What structured rows name as their structurer: the caption model's version when it structures, else the
+    structuring model."""
+    return f"{model_name}/v{model_version}" if settings.model == CAPTIONER else settings.model

@@ -6,16 +6,25 @@ monitoring does not catch this, and a run started from a CLI has no daemon watch
 from __future__ import annotations
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
-from dagster._core.storage.runs.sqlite import SqliteRunStorage
 
 from video_assets.core.processes import still_running
+
+
+def sqlite_runs(instance: DagsterInstance) -> bool:
+    """Whether ``instance`` keeps its runs in SQLite (a file of this machine). Dagster has no public way to
+    tell its run storage (the class, ``SqliteRunStorage``, is exported only from ``dagster._core``; the
+    ``storage`` section of dagster.yaml is read into the instance by private code); hence the private
+    module (docs/reliability.md, "Private Ray/Dagster APIs still used")."""
+    from dagster._core.storage.runs.sqlite import SqliteRunStorage
+
+    return isinstance(instance.run_storage, SqliteRunStorage)
 
 
 def fail_orphaned_runs(instance: DagsterInstance) -> list[str]:
     """Mark failed every STARTED run whose run process is gone, and free its concurrency slots;
     returns their run ids. Only for this machine's SQLite instance: a pid means nothing on a shared
     run storage, where the runs may live on other machines."""
-    if not isinstance(instance.run_storage, SqliteRunStorage):
+    if not sqlite_runs(instance):
         return []
     failed = []
     for record in instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.STARTED])):

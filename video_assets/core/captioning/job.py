@@ -39,11 +39,11 @@ from video_assets.core.captioning.batch import (
     node_id,
 )
 from video_assets.core.inference.retries import all_engines_first, engine_stage_options, tolerate_failed_batches
+from video_assets.core.inference.stages import DECODE_TASK_RETRIES, cpu_task_slots
 from video_assets.core.media import frames
 from video_assets.core.media.sampling import SamplingConfig, SegmentStream
 from video_assets.core.vocabulary import CAPTION_OK
 
-DECODE_TASK_RETRIES = 3  # worker deaths only (OOM kill, lost node): decoding is idempotent
 # Ray Data hands a task's output on in blocks of up to 128 MiB (its default): a long video's segments
 # (JPEGs, about 0.35 MB each) would wait in the decode task until all of them were decoded, and reach the
 # engine together. Blocks of this size pass about 20 segments at a time, and bound the task's memory.
@@ -122,17 +122,6 @@ class CaptionStage:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         return caption_batch(self.engine, self.node, batch, self.prompt, self.max_new_tokens)
-
-
-def cpu_task_slots(concurrency: int, engines: int) -> int:
-    """CPU tasks (1 CPU each) a job asks Ray Data for: ``concurrency``, but no more than the CPUs of
-    the connected cluster that ``engines`` (1 CPU each) leave free. Asking for more than can run makes
-    Ray Data queue tasks it counts as running, and the stream stalls (measured on 2 CPUs: a 20-clip
-    batch 1.5x slower)."""
-    from video_assets.core.throughput import decode_workers
-
-    cpus = float(ray.cluster_resources().get("CPU", 0))
-    return decode_workers(concurrency, cpus, engines) if cpus else concurrency
 
 
 def decode_slots(spec: JobSpec, cluster_cpus: float | None = None) -> int:
@@ -263,14 +252,22 @@ def _actors_node(actors, is_engine) -> str | None:
     return nodes.pop() if len(nodes) == 1 else None
 
 
-def vllm_engine_node() -> str | None:
-    """The Ray node of this job's vLLM engine actors when they all run on one node, else None. Read from
-    the GCS's actor table (``ray._private.state``, the one place that knows an unnamed actor's node without
-    the dashboard); never fails the job."""
-    try:
-        from ray._private import state
+def gcs_actors(job_id=None) -> list[dict]:
+    """The GCS's actor table (one job's actors, or all): the only place that knows the node of an actor this
+    code did not create (Ray Data LLM's vLLM stage, a Ray Serve LLM replica) without Ray's dashboard. Ray's
+    public state API (``ray.util.state.list_actors``) asks the dashboard, which a Ray started here runs only
+    with RAY_DASHBOARD=1, and neither actor says where it runs; hence Ray's private ``ray._private.state``
+    (docs/reliability.md, "Private Ray/Dagster APIs still used")."""
+    from ray._private import state
 
-        actors = state.actors(job_id=ray.get_runtime_context().job_id).values()
+    return list(state.actors(job_id=job_id).values())
+
+
+def vllm_engine_node() -> str | None:
+    """The Ray node of this job's vLLM engine actors when they all run on one node, else None (``gcs_actors``);
+    never fails the job."""
+    try:
+        actors = gcs_actors(job_id=ray.get_runtime_context().job_id)
         return _actors_node(actors, lambda a: "vLLMEngineStageUDF" in a["ActorClassName"])
     except Exception:
         return None
@@ -278,12 +275,9 @@ def vllm_engine_node() -> str | None:
 
 def replica_node(app: str) -> str | None:
     """The Ray node of Serve application ``app``'s live replicas when they all run on one node, else None
-    (the replicas belong to Serve's job, not this one); never fails the job."""
+    (the replicas belong to Serve's job, not this one: ``gcs_actors`` of every job); never fails the job."""
     try:
-        from ray._private import state
-
         replica = f"ServeReplica:{app}:"
-        actors = state.actors().values()
-        return _actors_node(actors, lambda a: a["ActorClassName"].startswith(replica) and a["State"] == "ALIVE")
+        return _actors_node(gcs_actors(), lambda a: a["ActorClassName"].startswith(replica) and a["State"] == "ALIVE")
     except Exception:
         return None

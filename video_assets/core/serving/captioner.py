@@ -22,7 +22,6 @@ import threading
 import time
 import uuid
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import ray
@@ -31,6 +30,7 @@ from video_assets.core.captioning.batch import EngineSpec, JobSpec, build_engine
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.retries import VLM_BATCH_RETRIES
 from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.sources import module_digest
 
 APP_PREFIX = "captioner-"
 DEPLOYMENT = "Captioner"
@@ -41,14 +41,11 @@ LIVE = ("RUNNING", "DEPLOYING", "UPSCALING", "DOWNSCALING")  # an application's 
 
 
 @functools.cache  # the code a process runs does not change under it
-def code_version() -> str:
-    """A digest of this package's Dagster-free code (what replicas execute): a change gets a new
-    application, and the old one scales to zero."""
-    h = hashlib.sha256()
-    package = Path(__file__).resolve().parents[1]  # video_assets/core
-    for source in sorted(package.rglob("*.py")):
-        h.update(source.read_bytes())
-    return h.hexdigest()[:12]
+def code_version(module: str = __file__) -> str:
+    """A digest of the code a served application runs (``module``'s import closure: the engine, the model
+    cache, sampling...): a change to it gets a new application, and the old one scales to zero. An edit
+    anywhere else (routing, scoring, the UI) deploys nothing."""
+    return module_digest(module)
 
 
 def app_name(spec: JobSpec) -> str:

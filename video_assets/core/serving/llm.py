@@ -53,7 +53,7 @@ JOB_ONLY = frozenset(
 def app_name(spec: JobSpec) -> str:
     engine = {k: v for k, v in sorted(spec.vllm.items()) if k not in JOB_ONLY}
     h = hashlib.sha256(repr((spec.engine.model, json.dumps(engine, sort_keys=True, default=str))).encode())
-    h.update(code_version().encode())
+    h.update(code_version(__file__).encode())
     return f"{APP_PREFIX}{h.hexdigest()[:12]}"
 
 

@@ -15,15 +15,10 @@ from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
 from video_assets.core.throughput import calibrated_cpu_to_accelerator
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR
+from video_assets.defs.caption_job import calibration_runs, run_captioning
 from video_assets.defs.common import ACCELERATOR_POOL, CostBreakdown, batch_asset, table_metadata
-from video_assets.defs.engines import (
-    calibration_runs,
-    engine_name,
-    job_spec,
-    ray_dashboard,
-    resolve_caption_model,
-    run_captioning,
-)
+from video_assets.defs.engines import engine_name, job_spec, resolve_caption_model
+from video_assets.defs.ray_session import ray_dashboard
 from video_assets.defs.registry import TINY_WARNING
 
 

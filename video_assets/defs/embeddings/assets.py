@@ -24,8 +24,8 @@ from video_assets.core.tables import FRAME_EMBEDDINGS, KEYS, SCHEMAS, TEXT_EMBED
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_OK, EMBED_ERROR, SOURCE_CAPTION, SOURCE_TRANSCRIPT, TRANSCRIPT_SPEECH
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
-from video_assets.defs.engines import cluster_gpus
 from video_assets.defs.lineage import CaptionPair, lineage_captions, upstream_value, with_sampled_frames
+from video_assets.defs.ray_session import cluster_gpus
 from video_assets.defs.registry import archive_model_files
 
 PLOT_VIDEOS = 6  # videos whose frames the materialisation plots in 2-D

@@ -34,8 +34,7 @@ from video_assets.core.tables import (
     to_arrow,
 )
 from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadata
-from video_assets.defs.engines import structurer_id
-from video_assets.defs.lineage import upstream_pair
+from video_assets.defs.lineage import structurer_id, upstream_pair
 from video_assets.defs.scoring import evaluate_candidate
 
 

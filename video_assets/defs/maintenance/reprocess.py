@@ -14,7 +14,7 @@ from dagster import AssetKey, AssetSelection, DagsterInstance, DagsterRunStatus,
 from video_assets.core.staleness import stale_batches
 from video_assets.core.tables import CAPTIONS, SCHEMAS, STRUCTURED_EVENTS
 from video_assets.defs.common import PER_BATCH_TAG
-from video_assets.defs.engines import structurer_id
+from video_assets.defs.lineage import structurer_id
 from video_assets.defs.partitions import consecutive_ranges
 from video_assets.defs.registry import CAPTION_PROMPT_NAME
 

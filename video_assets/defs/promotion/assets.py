@@ -25,7 +25,6 @@ from dagster import (
     MetadataValue,
     multi_asset,
 )
-from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -56,20 +55,17 @@ from video_assets.core.tables import (
     to_arrow,
 )
 from video_assets.core.uploads.discovery import printable
+from video_assets.defs.caption_job import run_captioning
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
-from video_assets.defs.engines import (
-    engine_name,
-    job_spec,
-    make_structurer,
-    registered_model_files,
-    run_captioning,
-    structure_rows,
-    structurer_id,
-    write_structured,
-)
-from video_assets.defs.lineage import golden_rows
+from video_assets.defs.engines import engine_name, job_spec, make_structurer, registered_model_files
+from video_assets.defs.lineage import golden_rows, structurer_id
 from video_assets.defs.registry import CAPTION_PROMPT_NAME, CHALLENGER
 from video_assets.defs.scoring import candidate_predictions, evaluate_candidate
+from video_assets.defs.structured import structure_rows, write_structured
+
+# The tag that carries a materialisation's data version: the string Dagster documents (the REST API's
+# ``data_version`` field sets it); its constant lives in a private module (dagster._core.definitions).
+DATA_VERSION_TAG = "dagster/data_version"
 
 
 class PromotionConfig(Config):

@@ -14,8 +14,7 @@ from video_assets.core import routing
 from video_assets.core.structuring.versions import structuring_versions
 from video_assets.core.tables import ALERTS, REVIEW_QUEUE, SCHEMAS, STREAM_SEGMENTS, STRUCTURED_EVENTS, to_arrow
 from video_assets.defs.common import TRANSIENT_RETRY, batch_asset, stage_asset, table_metadata
-from video_assets.defs.engines import structurer_id
-from video_assets.defs.lineage import batch_captions, upstream_pair, use_case_version
+from video_assets.defs.lineage import batch_captions, structurer_id, upstream_pair, use_case_version
 
 
 class RoutingConfig(Config):

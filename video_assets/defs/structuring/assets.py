@@ -15,19 +15,10 @@ from video_assets.core.captioning.versions import caption_versions
 from video_assets.core.structuring.versions import plan_structuring, structuring_versions
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
-from video_assets.defs.engines import (
-    connect_ray,
-    engine_name,
-    make_structurer,
-    model_files_of,
-    ray_dashboard,
-    served_vllm_spec,
-    structure_rows,
-    structurer_id,
-    warm_engine_spec,
-    write_structured,
-)
-from video_assets.defs.lineage import lineage_captions, use_case_version
+from video_assets.defs.engines import engine_name, make_structurer, model_files_of, served_vllm_spec, warm_engine_spec
+from video_assets.defs.lineage import lineage_captions, structurer_id, use_case_version
+from video_assets.defs.ray_session import connect_ray, ray_dashboard
+from video_assets.defs.structured import structure_rows, write_structured
 
 
 class StructuredEventsConfig(Config):

@@ -21,7 +21,7 @@ from video_assets.core.qa.llm import LlmUnavailable
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS, TRANSCRIPTS, VIDEO_SUMMARIES, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.defs.common import batch_asset, table_metadata
-from video_assets.defs.engines import caption_model_chat, connect_ray
+from video_assets.defs.engines import caption_model_chat
 from video_assets.defs.lineage import (
     answered_events,
     lineage_captions,
@@ -29,6 +29,7 @@ from video_assets.defs.lineage import (
     upstream_pair,
     upstream_value,
 )
+from video_assets.defs.ray_session import connect_ray
 
 EXTRACTIVE = "extractive"
 

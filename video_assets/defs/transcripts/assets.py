@@ -18,7 +18,7 @@ from video_assets.core.transcription.job import transcript_job_rows
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import TRANSCRIPT_ERROR, TRANSCRIPT_SPEECH
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
-from video_assets.defs.engines import cluster_gpus
+from video_assets.defs.ray_session import cluster_gpus
 from video_assets.defs.registry import archive_model_files
 
 WRITE_EVERY = 8  # videos per Delta write: a crash loses at most this much work
