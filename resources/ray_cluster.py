@@ -149,9 +149,8 @@ CLIENT_TRIES = 3
 def init_ray(address: str | None, options: dict):
     """``ray.init``, with a Ray Client (``ray://``) connection tried again when Ray's server-side process for
     it died at start; a failed Ray Client connection also leaves this process out of client mode (Ray
-    leaves it on, and every later ``ray.init`` in the process would go through the dead client)."""
+    leaves it on, and every later Ray call in the process would go through the dead client)."""
     import ray
-    from ray._private.client_mode_hook import _explicitly_disable_client_mode
 
     client = (address or os.environ.get("RAY_ADDRESS") or "").startswith("ray://")
     for attempt in range(1, CLIENT_TRIES + 1):
@@ -160,11 +159,20 @@ def init_ray(address: str | None, options: dict):
         except Exception as exc:
             if not client:
                 raise
-            _explicitly_disable_client_mode()
+            _leave_client_mode(ray)
             if CLIENT_START_FAILURE not in str(exc) or attempt == CLIENT_TRIES:
                 raise
             time.sleep(attempt)
     raise AssertionError("unreachable")
+
+
+def _leave_client_mode(ray) -> None:
+    """After a failed Ray Client connection: client mode off again. In client mode ``ray.is_initialized``
+    and ``ray.shutdown`` are the Ray Client's: no client connected, so not initialised, and the client's
+    shutdown turns client mode off once no client is connected. A Ray this process is connected to
+    (client mode was never on) is left alone."""
+    if not ray.is_initialized():
+        ray.shutdown()
 
 
 def forwarded_env(names: list[str]) -> dict[str, str]:

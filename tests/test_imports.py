@@ -81,7 +81,6 @@ def test_no_import_cycle_among_the_products_modules():
 # every place that rewrites a built Ray Data LLM processor, with why no public API serves (issue: at most two,
 # each behind one small function). A new one fails the test below; one removed must leave this list too.
 PRIVATE_ALLOWED = {
-    ("resources/ray_cluster.py", "ray._private.client_mode_hook"): "a failed Ray Client connect leaves client mode on",
     ("resources/settings.py", "ray._private"): "Ray's token file setting (ray_constants) for the embedded Ray",
     ("resources/settings.py", "ray._raylet"): "reload Ray's auth token after the instance's token file changes",
     ("video_assets/defs/orphans.py", "dagster._core.storage.runs.sqlite"): "runs whose process died (SQLite)",
