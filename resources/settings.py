@@ -238,19 +238,29 @@ def loopback_ray_node() -> Iterator[None]:
     its node address. On Linux Ray otherwise uses the routable address, and its autoscaler monitor then
     serves Prometheus metrics on every interface without the token (it binds loopback only for a
     loopback head). Ray reads the switch once at import, so this process's copy is set too; both restored."""
-    from ray._private import ray_constants
-
-    saved_env, saved_const = os.environ.get(_RAY_CLUSTER_MODE_VAR), ray_constants.ENABLE_RAY_CLUSTER
+    saved_env = os.environ.get(_RAY_CLUSTER_MODE_VAR)
     os.environ[_RAY_CLUSTER_MODE_VAR] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    saved_switch = _set_ray_cluster_mode(False)
     try:
         yield
     finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_const
+        _set_ray_cluster_mode(saved_switch)
         if saved_env is None:
             os.environ.pop(_RAY_CLUSTER_MODE_VAR, None)
         else:
             os.environ[_RAY_CLUSTER_MODE_VAR] = saved_env
+
+
+def _set_ray_cluster_mode(on: bool) -> bool:
+    """This process's copy of Ray's cluster-mode switch (``_RAY_CLUSTER_MODE_VAR``) set to ``on``; returns the
+    one it had. Ray reads the variable once, at import, into ``ray._private.ray_constants``, and has no public
+    setting for a loopback node on Linux (a node address of 127.0.0.1 is turned into the routable one while
+    the switch is on); hence the private module (docs/reliability.md, "Private Ray/Dagster APIs still used")."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = on
+    return saved
 
 
 @contextlib.contextmanager
@@ -277,8 +287,9 @@ def ray_token_auth(token: Path) -> Iterator[Path]:
 
 
 def _reload_ray_auth() -> None:
-    # Ray caches the mode (RayConfig) and the token per process; this is what Ray's own
-    # enable-token-auth path does after changing the environment.
+    # Ray caches the mode (RayConfig) and the token per process and has no public call to read them again
+    # after the environment changed; this is what Ray's own enable-token-auth path does (ray._private.
+    # authentication), hence the private module (docs/reliability.md, "Private Ray/Dagster APIs still used").
     from ray._raylet import AuthenticationTokenLoader, Config
 
     Config.initialize("")
