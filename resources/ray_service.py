@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from resources.settings import REPO_ROOT, SHIPPED_PACKAGES, dagster_home, embedded_ray_auth, ray_temp_root
+from resources.settings import REPO_ROOT, SHIPPED_PACKAGES, dagster_home, embedded_ray_auth, ray_temp_root, serve_http
 
 START_TIMEOUT_S = 180.0
 LOOPBACK = "127.0.0.1"
@@ -154,7 +154,7 @@ def serve(temp_dir: str, num_cpus: int | None) -> None:
     with embedded_ray_auth():  # token authentication, as the embedded Ray; its processes inherit it
         # "local": always a new Ray, never one a stale /tmp/ray/ray_current_cluster points at
         ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir, **local_ray_options())
-        start_serve()  # applications are deployed by the steps that need them
+        start_serve(serve_http())  # its HTTP proxy; applications are deployed by the steps that need them
         gcs = ray.get_runtime_context().gcs_address  # 127.0.0.1:port: a loopback node, as the embedded Ray
         info = {"address": gcs, "temp_dir": temp_dir, "pid": os.getpid(), "started_at": time.time()}
         tmp = service_file().with_suffix(".tmp")

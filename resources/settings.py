@@ -301,3 +301,29 @@ def service_allowed_hosts() -> list[str]:
     comma-separated (archive.example.com, or *.example.com for its subdomains), for a service reached by a
     name or through a proxy; a request with any other Host header is refused with 400 (DNS rebinding)."""
     return [h.strip() for h in os.environ.get("VIDEO_SERVICE_ALLOWED_HOSTS", "").split(",") if h.strip()]
+
+
+def serve_key_path() -> Path:
+    """This instance's key for the served caption model's route (``core.serving.captioner``)."""
+    return dagster_home() / "serve" / "api_key"
+
+
+def serve_http() -> dict:
+    """Where the served caption model's OpenAI route is: Serve's HTTP proxy host and port when a step or
+    `video-assets ray up` starts Serve (VIDEO_SERVE_HOST, default 127.0.0.1; VIDEO_SERVE_PORT, default 8100),
+    the base URL steps send to (VIDEO_SERVE_URL, default http://host:port: set it to the head node's or a
+    RayService's address when the workers are elsewhere), and the bearer key (VIDEO_SERVE_API_KEY, else this
+    instance's key file, made 0600 under DAGSTER_HOME). Replicas are given only the key's digest."""
+    host = os.environ.get("VIDEO_SERVE_HOST", "").strip() or "127.0.0.1"
+    raw = os.environ.get("VIDEO_SERVE_PORT", "").strip() or "8100"
+    try:
+        port = int(raw)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"VIDEO_SERVE_PORT must be a port number (1-65535), got {raw!r}") from None
+    url = os.environ.get("VIDEO_SERVE_URL", "").strip() or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    key = os.environ.get("VIDEO_SERVE_API_KEY", "").strip()
+    if not key:
+        key = ensure_secret_file(serve_key_path()).read_text().strip()
+    return {"host": host, "port": port, "url": url.rstrip("/"), "api_key": key}

@@ -145,7 +145,7 @@ def check_video_timing(model: Path) -> list[dict]:
     from vllm.entrypoints.chat_utils import parse_chat_messages_async
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
-    from video_assets.core.captioning.requests import CaptionRequest, sampled_fps
+    from video_assets.core.captioning.requests import CaptionRequest, VideoChat, sampled_fps
     from video_assets.core.captioning.transformers_engine import TransformersEngine
     from video_assets.core.captioning.vllm_engine import to_vllm_row
 
@@ -164,7 +164,7 @@ def check_video_timing(model: Path) -> list[dict]:
         got = processor("<|vision_start|><|video_pad|><|vision_end|>", items, hf_processor_mm_kwargs=kwargs)
         video = got["mm_kwargs"]["video"][0]
         vllm_s = float(video["second_per_grid_ts"].data)
-        hf = engine.prepare([(0, req, req.frames)])
+        hf = engine.prepare([VideoChat.of(req)])
         hf_s = float(hf["second_per_grid_ts"][0])
         real = engine.processor.video_processor.temporal_patch_size / sampled_fps(ts)
         check(

@@ -20,6 +20,9 @@ __all__ = ["BUNDLED", "REPO", "SAMPLES", "SHARED_SAMPLES", "copy_samples"]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; tests use the locally built tiny model
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+# The served caption model's route (Serve's HTTP proxy) on a port of this run's own: a second suite or the
+# vLLM check beside it (CI runs them side by side) starts its own Serve.
+os.environ.setdefault("VIDEO_SERVE_PORT", str(free_port()))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -73,7 +73,7 @@ def test_the_next_batch_reuses_the_loaded_replica_which_scales_to_zero_when_idle
     name = app_name(spec)
 
     first = list(caption_rows(_videos(["realshort.mp4", "asl_eat.mkv"]), spec))
-    assert [r["status"] for r in first] == ["ok", "ok"] and all(r["prose"] for r in first)
+    assert [r["status"] for r in first] == ["ok", "ok"] and all(r["prose"] for r in first), [r["error"] for r in first]
     replica = stats(name)
     assert {r["engine_node"] for r in first} == {replica["node"]}
     second = list(caption_rows(_videos(["fire2.mp4"]), spec))

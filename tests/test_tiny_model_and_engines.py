@@ -20,7 +20,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from video_assets.core.captioning.requests import CaptionRequest, CaptionResponse, build_messages
+from video_assets.core.captioning.requests import CaptionRequest, CaptionResponse, VideoChat, build_messages
 from video_assets.core.inference import choose_engine_name
 from video_assets.core.models.tiny_vlm import MARKER, TINY_MODEL_NAME, WARNING, build_tiny_qwen25_vl
 
@@ -182,7 +182,7 @@ def test_batched_generation_matches_one_by_one(engine):
 
 def test_video_metadata_sets_qwen_temporal_spacing(engine):
     reqs = [request("one_fps", 4, step=1.0), request("two_fps", 4, step=0.5)]
-    inputs = engine.prepare([(i, r, r.frames) for i, r in enumerate(reqs)])
+    inputs = engine.prepare([VideoChat.of(r) for r in reqs])
     # Qwen2.5-VL: second_per_grid_ts = temporal_patch_size / fps of the sampled frames.
     assert inputs["second_per_grid_ts"].tolist() == pytest.approx([2.0, 1.0])
     assert inputs["video_grid_thw"].tolist() == [[2, 4, 4], [2, 4, 4]]

@@ -73,7 +73,7 @@ def run_captioning(
     n_rows = 0
     served_app = None  # the vLLM application the job captioned on, when served (its rows say so)
     # Requests that overlap (vLLM's engine, a server): busy while any is in flight, not their summed latencies.
-    overlapping = spec.engine.name in ("vllm", "endpoint")
+    overlapping = spec.engine.name in ("vllm", "endpoint") or spec.warm_idle_s > 0  # served: on its route
     in_flight: list[tuple[float, float]] = []  # vLLM: (sent, answered) of each request, as this process saw it
     # The step drives the job; through Ray Client, a task on the cluster does (on_cluster).
     jobs = on_cluster(caption_rows, videos, spec)

@@ -9,6 +9,7 @@ from dagster import Failure
 
 from resources.mlflow_registry import MlflowRegistry
 from resources.ray_service import ray_outlives_steps
+from resources.settings import serve_http
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings, registered_endpoint
 from video_assets.core.captioning.job import EngineSpec, JobSpec
@@ -17,7 +18,7 @@ from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.qa.llm import LlmClient
-from video_assets.core.serving.captioner import ServedChat, deploy
+from video_assets.core.serving.captioner import deploy, served_endpoint
 from video_assets.defs.lineage import CaptionPair
 from video_assets.defs.ray_session import cluster_gpus
 from video_assets.defs.registry import CAPTION_PROMPT_NAME
@@ -101,6 +102,7 @@ def job_spec(
     except ValueError as exc:
         raise Failure(str(exc)) from exc
     served = registered_endpoint(model.path)
+    warm = vlm.warm_engine_idle_s if engine in ("transformers", "vllm") and ray_outlives_steps() else 0.0
     if (engine == "endpoint") != (served is not None):
         raise Failure(
             f"the registered caption model ({model.artifact_uri or model.path}) is "
@@ -125,8 +127,9 @@ def job_spec(
         cpu_resources=dict(vlm.decode_resources),
         vlm_resources=dict(vlm.model_resources),
         vllm=vllm_settings.model_dump(),
-        warm_idle_s=vlm.warm_engine_idle_s if engine in ("transformers", "vllm") and ray_outlives_steps() else 0.0,
+        warm_idle_s=warm,
         endpoint=vlm.endpoint(served) if served else {},
+        serve=serve_http() if warm > 0 else {},
         request_timeout_s=vlm.endpoint_timeout_s,
         cpu_to_accelerator=cpu_to_accelerator,
     )
@@ -159,14 +162,18 @@ def served_caption_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
     return warm_engine_spec(vlm, model)
 
 
-def served_application(vlm: VlmSettings, model: ModelFiles) -> str | None:
-    """``served_caption_spec``'s application, deployed if it is not; None without a Ray that outlives the steps."""
+def served_application(vlm: VlmSettings, model: ModelFiles) -> tuple[str | None, dict | None]:
+    """``served_caption_spec``'s application, deployed if it is not, and its route's endpoint fields (the
+    transformers application's; the vLLM one is reached by handle); (None, None) without a Ray that outlives
+    the steps."""
     from video_assets.core.serving import llm
 
     spec = served_caption_spec(vlm, model)
     if spec is None:
-        return None
-    return llm.deploy(spec) if spec.engine.name == "vllm" else deploy(spec)
+        return None, None
+    if spec.engine.name == "vllm":
+        return llm.deploy(spec), None
+    return deploy(spec), served_endpoint(spec)
 
 
 def caption_model_chat(
@@ -195,7 +202,9 @@ def caption_model_chat(
         from video_assets.core.serving import llm
 
         return llm.ServedLlmChat(spec, timeout_s)
-    return ServedChat(spec)
+    deploy(spec)
+    route = served_endpoint(spec)
+    return LlmClient(route["url"], route["model"], route["api_key"], max(timeout_s, spec.request_timeout_s))
 
 
 def make_structurer(
@@ -243,9 +252,12 @@ def make_structurer(
 
         return VllmStructurer(settings.vllm_settings(model), files if settings.model == CAPTIONER else None)
     if warm is not None and warm.engine.name == "transformers" and settings.model == CAPTIONER:
-        from video_assets.core.serving.captioner import ServedStructurer
+        from video_assets.core.structuring.engines import EndpointStructurer
 
-        return ServedStructurer(warm, settings.batch_size)
+        deploy(warm)  # the captions step's application, on its route (deployed again if it was retired)
+        if connect_ray is not None:
+            connect_ray()  # the requests go through a Ray Data job
+        return EndpointStructurer(served_endpoint(warm), name="transformers (served caption model)")
     from video_assets.core.structuring.engines import TransformersStructurer
 
     # Loaded in this process: the registered model's weights fetched here (the step resolved its small files).

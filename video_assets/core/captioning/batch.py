@@ -48,6 +48,9 @@ class JobSpec:
     # > 0: the engine is a Ray Serve application that outlives the job (a Ray cluster that outlives the
     # step, ``core.serving.captioner``), scaled to zero after this many idle seconds; 0: a pool of actors per job.
     warm_idle_s: float = 0.0
+    # Where the served caption application's route is (``core.serving.captioner``): Serve's HTTP proxy "host" and
+    # "port" (when a step starts Serve), the "url" steps send to and the instance's serve "api_key" (never shown).
+    serve: dict[str, Any] = field(default_factory=dict, repr=False)
     # Seconds a model server (an endpoint, a served replica) has to answer one request (VLM_REQUEST_TIMEOUT_S);
     # then that request is an error row naming the timeout. In-job engines answer in the job's own actors.
     request_timeout_s: float = 120.0

@@ -1,9 +1,10 @@
 """Caption engine on an OpenAI-compatible endpoint (``VLM_ENGINE=endpoint``, ``core.inference.endpoint``).
 
-Each segment is one chat completion: the sampled frames as image content parts, each after a text part
-with its time in the source video, then the same timing line and instruction both in-job engines send.
-Image parts, not a video part: every OpenAI-compatible VLM server takes them (a hosted API has no
-``video_url``), and the times stated in the text carry what a video part's timing would.
+Each segment is one chat completion. To a server that takes video (vLLM's OpenAI server, the served caption
+application: ``Endpoint.video``) it is the request every engine gets (``requests.video_chat_body``: one video
+part, its timing as ``video_metadata``); to one that does not (a hosted API has no ``video_url``), the sampled
+frames as image parts, each after a text part with its time in the source video, then the same timing line
+and instruction, so the times stated in the text carry what a video part's timing would.
 
     decode tasks (JPEG) ─► preprocess (payload) ─► request stage (EndpointRequests) ─► postprocess (RESULT_COLUMNS)
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from video_assets.core.captioning.requests import format_seconds, timestamps_text
+from video_assets.core.captioning.requests import CaptionRequest, format_seconds, timestamps_text, video_chat_body
 from video_assets.core.captioning.rows import decode_error, result_row
 from video_assets.core.inference.endpoint import (
     Endpoint,
@@ -31,9 +32,14 @@ def jpeg_data_url(jpeg: bytes) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(bytes(jpeg)).decode("ascii")
 
 
-def caption_payload(model: str, images, timestamps: list[float], prompt: str, max_tokens: int) -> dict:
+def caption_payload(
+    model: str, images, timestamps: list[float], prompt: str, max_tokens: int, video: bool = False
+) -> dict:
     """The chat completion request for one segment (greedy, like the in-job engines). ``images``: the
-    segment's JPEGs (the CPU stage's, sent as they are), or an (N, H, W, 3) array encoded here."""
+    segment's JPEGs (the CPU stage's, sent as they are), or an (N, H, W, 3) array encoded here. ``video``:
+    the server takes a video part (vLLM's server, the served caption application): the request every engine
+    gets (``requests.video_chat_body``: one video, its timing as metadata); else one image part per frame,
+    each after its time, for servers without video (a hosted API)."""
     if not frames.is_encoded(images):
         pixels = np.asarray(images)
         if pixels.ndim != 4 or pixels.shape[-1] != 3:
@@ -41,17 +47,16 @@ def caption_payload(model: str, images, timestamps: list[float], prompt: str, ma
         images = frames.encode(pixels)
     if len(images) == 0 or len(images) != len(timestamps):
         raise ValueError(f"need one timestamp per frame, got {len(images)} frames and {len(timestamps)} timestamps")
+    head = {"model": model, "max_tokens": int(max_tokens), "temperature": 0.0}
+    if video:
+        request = CaptionRequest("", list(images), list(timestamps), prompt, max_new_tokens=int(max_tokens))
+        return {**head, **video_chat_body(request)}
     content: list[dict[str, Any]] = []
     for jpeg, t in zip(images, timestamps):
         content.append({"type": "text", "text": f"Frame at {format_seconds(t)}:"})
         content.append({"type": "image_url", "image_url": {"url": jpeg_data_url(jpeg)}})
     content.append({"type": "text", "text": f"{timestamps_text(list(timestamps))}\n{prompt}"})
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": int(max_tokens),
-        "temperature": 0.0,
-    }
+    return {**head, "messages": [{"role": "user", "content": content}]}
 
 
 def _job_result(row: dict[str, Any]) -> dict[str, Any]:
@@ -76,6 +81,7 @@ def build_endpoint_processor_for_job(ds, spec):
                     [float(t) for t in row["frame_timestamps"]],
                     spec.prompt,
                     spec.engine.max_new_tokens,
+                    endpoint.video,
                 )
                 out = payload_row(payload)
             except Exception as exc:
@@ -108,7 +114,9 @@ class EndpointEngine:
         rows = []
         for q in requests:
             try:
-                payload = caption_payload(self.endpoint.model, q.frames, list(q.timestamps), q.prompt, q.max_new_tokens)
+                payload = caption_payload(
+                    self.endpoint.model, q.frames, list(q.timestamps), q.prompt, q.max_new_tokens, self.endpoint.video
+                )
                 rows.append(payload_row(payload))
             except Exception as exc:
                 rows.append(error_row(f"{exc.__class__.__name__}: {exc}"))

@@ -196,22 +196,15 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             replace(spec, vllm={**spec.vllm, "model_source": placed.path}),
             fetch=spec.engine.model if placed.per_node else None,
         )
-    elif spec.engine.name == "endpoint":
+    elif spec.engine.name == "endpoint" or spec.warm_idle_s > 0:
         from video_assets.core.captioning.endpoint_engine import build_endpoint_processor_for_job
 
-        ds = build_endpoint_processor_for_job(ds, spec)
-    elif spec.warm_idle_s > 0:
-        from video_assets.core.serving.captioner import IN_FLIGHT, app_name, deploy, served_captions
+        if spec.engine.name != "endpoint":  # the served caption model: an endpoint of this product's own
+            from video_assets.core.serving.captioner import deploy, served_endpoint
 
-        deploy(spec)  # the first replica is up (the model loaded) before any batch is sent
-        ds = ds.map_batches(
-            served_captions,
-            fn_kwargs={"app": app_name(spec), "prompt": spec.prompt, "timeout_s": spec.request_timeout_s},
-            batch_size=spec.engine.batch_size,
-            # Callers without a CPU: they wait on the replicas, which hold the model (and the GPU).
-            concurrency=max(1, spec.vlm_concurrency) * IN_FLIGHT,
-            num_cpus=0,
-        )
+            served_app = deploy(spec)  # the first replica is up (the model loaded) before any request is sent
+            spec = replace(spec, endpoint=served_endpoint(spec))
+        ds = build_endpoint_processor_for_job(ds, spec)
     else:
         ds = ds.map_batches(
             CaptionStage,
@@ -226,9 +219,9 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     engine_node, asked = None, False
     for row in all_engines_first(tolerate_failed_batches(ds), spec.vlm_concurrency).iter_rows():
         out = {k: row.get(k) for k in RESULT_COLUMNS}
-        if spec.engine.name == "vllm" and out["status"] == CAPTION_OK:
-            # Ray's vLLM stage does not say where it ran: its engine actors' node, when there is one. Asked
-            # once, at the first answer (the engines are up by then), not once a row.
+        if (spec.engine.name == "vllm" or served_app) and out["status"] == CAPTION_OK:
+            # Ray's vLLM stage and a served route do not say where they ran: the engine actors' (replicas') node,
+            # when there is one. Asked once, at the first answer (the engines are up by then), not once a row.
             if not asked:
                 engine_node = replica_node(served_app) if served_app else vllm_engine_node()
                 asked = True

@@ -7,10 +7,14 @@ of the frames are stated in the text, so the model can answer with times in the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+
+from video_assets.core.media import frames
 
 
 @dataclass
@@ -127,3 +131,127 @@ def video_part(messages: list[dict[str, Any]]) -> dict[str, Any]:
     if len(parts) != 1:
         raise ValueError(f"expected exactly one video part, found {len(parts)}")
     return parts[0]
+
+
+def video_data_url(jpegs: Sequence[bytes]) -> str:
+    """vLLM's data URL for a video given as frames: comma-separated base64 JPEGs."""
+    return "data:video/jpeg;base64," + ",".join(base64.b64encode(bytes(j)).decode("ascii") for j in jpegs)
+
+
+def request_jpegs(request: CaptionRequest) -> list[bytes]:
+    """The request's frames as JPEGs: as the job's CPU stage encoded them (put in the request unchanged),
+    else a pixel array encoded here; ValueError when malformed."""
+    if frames.is_encoded(request.frames):
+        if len(request.frames) != len(request.timestamps):
+            raise ValueError(f"{len(request.frames)} frames but {len(request.timestamps)} timestamps")
+        return [bytes(j) for j in request.frames]
+    return frames.encode(validate_request(request))
+
+
+def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``build_messages`` output (its video part holding JPEGs) with the video as an OpenAI ``video_url`` part."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, list):
+            parts = []
+            for p in content:
+                if p.get("type") == "video":
+                    parts.append({"type": "video_url", "video_url": {"url": video_data_url(p["video"])}})
+                else:
+                    parts.append({"type": "text", "text": p["text"]})
+            content = parts
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def video_chat_body(request: CaptionRequest) -> dict[str, Any]:
+    """THE caption request of a segment, as an OpenAI chat completion's ``messages`` and vLLM's
+    ``mm_processor_kwargs``: one ``video_url`` part (the frames as JPEGs) and the text part with the frame
+    times and the instruction; the frames' timing as ``video_metadata`` with ``do_sample_frames=False``. The
+    in-job vLLM engine, an endpoint that takes video (vLLM's server, the served caption application) and,
+    through ``VideoChat``, the in-job transformers engine all get this. ValueError when malformed."""
+    jpegs = request_jpegs(request)
+    return {
+        "messages": to_openai_messages(build_messages(replace(request, frames=jpegs))),
+        "mm_processor_kwargs": {"do_sample_frames": False, "video_metadata": video_metadata(request.timestamps)},
+    }
+
+
+@dataclass
+class VideoChat:
+    """A caption request as the transformers engine runs it: chat messages holding one video part, that
+    video's frames (pixels) and metadata (``video_metadata``). Built from a ``CaptionRequest`` in the job
+    (``of``), or from the OpenAI request ``video_chat_body`` made of it (``from_openai``): the same frames,
+    text and timing either way."""
+
+    request_id: str
+    messages: list[dict[str, Any]]
+    frames: np.ndarray
+    metadata: dict[str, Any]
+    max_new_tokens: int
+
+    @classmethod
+    def of(cls, request: CaptionRequest) -> VideoChat:
+        pixels = validate_request(request)
+        return cls(
+            request.request_id,
+            build_messages(replace(request, frames=pixels)),
+            pixels,
+            video_metadata(request.timestamps),
+            request.max_new_tokens,
+        )
+
+    @classmethod
+    def from_openai(cls, request_id: str, body: dict[str, Any], max_new_tokens: int) -> VideoChat:
+        """An OpenAI chat request with exactly one video: a ``video_url`` part of JPEG frames (its timing from
+        ``mm_processor_kwargs.video_metadata``, else one frame a second), or image parts taken as the frames of
+        one video. ValueError naming what is wrong."""
+        jpegs: list[bytes] = []
+        videos = 0
+        messages = []
+        for m in body.get("messages") or []:
+            content = m.get("content")
+            if isinstance(content, str):
+                messages.append({"role": m.get("role", "user"), "content": [{"type": "text", "text": content}]})
+                continue
+            if not isinstance(content, list):
+                raise ValueError("a message's content must be text or a list of parts")
+            parts, texts = [], []
+            for p in content:
+                kind = p.get("type") if isinstance(p, dict) else None
+                if kind == "text":
+                    texts.append(str(p.get("text", "")))
+                elif kind in ("video_url", "image_url"):
+                    url = str((p.get(kind) or {}).get("url", ""))
+                    head, _, data = url.partition(",")
+                    if not head.startswith("data:") or not head.endswith(";base64"):
+                        raise ValueError(f"{kind} must be a base64 data URL (no URL is fetched)")
+                    chunks = data.split(",") if kind == "video_url" else [data]
+                    try:
+                        jpegs += [base64.b64decode(c, validate=True) for c in chunks]
+                    except ValueError as exc:
+                        raise ValueError(f"{kind}: not base64 ({exc})") from None
+                    if not parts:
+                        parts.append({"type": "video"})
+                    videos += kind == "video_url"
+                else:
+                    raise ValueError(f"unsupported content part {kind!r}")
+            if texts:
+                parts.append({"type": "text", "text": "\n".join(texts)})
+            messages.append({"role": m.get("role", "user"), "content": parts})
+        if videos > 1 or not jpegs:
+            raise ValueError(f"expected one video (or its frames as images), got {videos} videos, {len(jpegs)} frames")
+        pixels = frames.decode(jpegs)
+        metadata = (body.get("mm_processor_kwargs") or {}).get("video_metadata") or video_metadata(
+            [float(i) for i in range(len(pixels))]
+        )
+        if int(metadata.get("total_num_frames", len(pixels))) != len(pixels):
+            raise ValueError(
+                f"video_metadata says {metadata.get('total_num_frames')} frames, the video has {len(pixels)}"
+            )
+        for m in messages:
+            for p in m["content"]:
+                if p["type"] == "video":
+                    p["video"] = pixels
+        return cls(request_id, messages, pixels, dict(metadata), int(max_new_tokens))

@@ -11,15 +11,11 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
-
 from video_assets.core.captioning.requests import (
     CaptionRequest,
     CaptionResponse,
-    build_messages,
+    VideoChat,
     failed,
-    validate_request,
-    video_metadata,
     video_part,
 )
 
@@ -52,47 +48,51 @@ class TransformersEngine:
 
     def generate(self, requests: list[CaptionRequest]) -> list[CaptionResponse]:
         """One response per request, in request order."""
-        results: dict[int, CaptionResponse] = {}
-        valid: list[tuple[int, CaptionRequest, np.ndarray]] = []
-        for i, req in enumerate(requests):
+        chats: list[VideoChat | CaptionResponse] = []
+        for req in requests:
             try:
-                valid.append((i, req, validate_request(req)))
+                chats.append(VideoChat.of(req))
             except Exception as exc:
-                results[i] = failed(req.request_id, f"{exc.__class__.__name__}: {exc}")
+                chats.append(failed(req.request_id, f"{exc.__class__.__name__}: {exc}"))
+        return self.generate_chats(chats)
+
+    def generate_chats(self, chats: list[VideoChat | CaptionResponse]) -> list[CaptionResponse]:
+        """One response per chat (a request already refused comes as its response), in order: a batch that
+        raises is run again one chat at a time, so one bad request costs only its own caption."""
+        results: dict[int, CaptionResponse] = {i: c for i, c in enumerate(chats) if isinstance(c, CaptionResponse)}
+        valid = [(i, c) for i, c in enumerate(chats) if isinstance(c, VideoChat)]
         for start in range(0, len(valid), self.batch_size):
             chunk = valid[start : start + self.batch_size]
             try:
-                for (i, _, _), resp in zip(chunk, self._run_batch(chunk)):
+                for (i, _), resp in zip(chunk, self._run_batch([c for _, c in chunk])):
                     results[i] = resp
             except Exception as exc:
                 if len(chunk) == 1:
-                    i, req, _ = chunk[0]
-                    results[i] = failed(req.request_id, f"{exc.__class__.__name__}: {exc}")
+                    i, chat = chunk[0]
+                    results[i] = failed(chat.request_id, f"{exc.__class__.__name__}: {exc}")
                     continue
                 log.warning("batch of %d failed (%s: %s); retrying one by one", len(chunk), type(exc).__name__, exc)
-                for item in chunk:
-                    i, req, _ = item
+                for i, chat in chunk:
                     try:
-                        results[i] = self._run_batch([item])[0]
+                        results[i] = self._run_batch([chat])[0]
                     except Exception as exc1:
-                        results[i] = failed(req.request_id, f"{exc1.__class__.__name__}: {exc1}")
-        return [results[i] for i in range(len(requests))]
+                        results[i] = failed(chat.request_id, f"{exc1.__class__.__name__}: {exc1}")
+        return [results[i] for i in range(len(chats))]
 
     # -- internals --------------------------------------------------------------------------------
 
-    def prepare(self, items: list[tuple[int, CaptionRequest, np.ndarray]]) -> Any:
-        """Processor inputs (a BatchFeature) for a batch: chat template text + one video per request."""
+    def prepare(self, chats: list[VideoChat]) -> Any:
+        """Processor inputs (a BatchFeature) for a batch: chat template text + one video per chat, with its
+        metadata (the frames' real timing: ``requests.video_metadata``, what vLLM gets too)."""
         from transformers.video_utils import VideoMetadata
 
         texts, videos, metadata = [], [], []
-        for _, req, frames in items:
-            messages = build_messages(req)
-            video_part(messages)  # exactly one video part, or a clear error
-            texts.append(self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-            _, h, w, _ = frames.shape
-            videos.append(frames)
-            # The same metadata the vLLM engine sends (requests.video_metadata): one timing on both engines.
-            metadata.append(VideoMetadata(width=w, height=h, **video_metadata(req.timestamps)))
+        for chat in chats:
+            video_part(chat.messages)  # exactly one video part, or a clear error
+            texts.append(self.processor.apply_chat_template(chat.messages, tokenize=False, add_generation_prompt=True))
+            _, h, w, _ = chat.frames.shape
+            videos.append(chat.frames)
+            metadata.append(VideoMetadata(width=w, height=h, **chat.metadata))
         return self.processor(
             text=texts,
             videos=videos,
@@ -103,21 +103,25 @@ class TransformersEngine:
             return_tensors="pt",
         )
 
-    def _run_batch(self, items: list[tuple[int, CaptionRequest, np.ndarray]]) -> list[CaptionResponse]:
+    def _run_batch(self, chats: list[VideoChat]) -> list[CaptionResponse]:
         from video_assets.core.inference import hf
 
         started = time.perf_counter()
-        inputs = self.prepare(items).to(self.device)
-        limits = [max(1, min(req.max_new_tokens, self.max_new_tokens)) for _, req, _ in items]
+        inputs = self.prepare(chats).to(self.device)
+        limits = [max(1, min(chat.max_new_tokens, self.max_new_tokens)) for chat in chats]
         generated = hf.greedy(self.loaded, inputs, max(limits))
         input_tokens = inputs["attention_mask"].sum(dim=1).tolist()
         latency = time.perf_counter() - started
         responses = []
-        for (_, req, _), ids, n_in, limit in zip(items, generated, input_tokens, limits):
+        for chat, ids, n_in, limit in zip(chats, generated, input_tokens, limits):
             text, n_out = hf.completion(self.loaded, ids, limit)
             responses.append(
                 CaptionResponse(
-                    request_id=req.request_id, text=text, input_tokens=int(n_in), output_tokens=n_out, latency_s=latency
+                    request_id=chat.request_id,
+                    text=text,
+                    input_tokens=int(n_in),
+                    output_tokens=n_out,
+                    latency_s=latency,
                 )
             )
         return responses

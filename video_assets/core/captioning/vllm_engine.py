@@ -19,16 +19,13 @@ both that kwarg and the JPEG loader's ``media_io_kwargs`` metadata, and transfor
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 from video_assets.core.captioning.requests import (
     CaptionRequest,
     CaptionResponse,
-    build_messages,
-    validate_request,
+    video_chat_body,
     video_metadata,
 )
 from video_assets.core.captioning.rows import decode_error, result_row
@@ -41,7 +38,6 @@ from video_assets.core.inference.vllm import (
     read_output,
     sampling_params,
 )
-from video_assets.core.media import frames
 from video_assets.core.vocabulary import CAPTION_ERROR, CAPTION_OK
 
 REQUEST_ID_KEY = "caption_request_id"  # Ray's vLLM stage overwrites "request_id" with its own integer id
@@ -51,38 +47,6 @@ def build_processor_config(settings: VllmSettings, segment_mb: float | None = No
     """The ``ray.data.llm.vLLMEngineProcessorConfig`` for captioning (no vLLM import needed); ``segment_mb``
     bounds the frames queued per engine (``inference.vllm.concurrent_batches``)."""
     return processor_config(settings, multimodal=True, segment_mb=segment_mb)
-
-
-def video_data_url(jpegs: Sequence[bytes]) -> str:
-    """vLLM's data URL for a video given as frames: comma-separated base64 JPEGs."""
-    return "data:video/jpeg;base64," + ",".join(base64.b64encode(bytes(j)).decode("ascii") for j in jpegs)
-
-
-def request_jpegs(request: CaptionRequest) -> list[bytes]:
-    """The request's frames as JPEGs: as the job's CPU stage encoded them (put in the request unchanged),
-    else a pixel array encoded here; ValueError when malformed."""
-    if frames.is_encoded(request.frames):
-        if len(request.frames) != len(request.timestamps):
-            raise ValueError(f"{len(request.frames)} frames but {len(request.timestamps)} timestamps")
-        return [bytes(j) for j in request.frames]
-    return frames.encode(validate_request(request))
-
-
-def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``build_messages`` output (its video part holding JPEGs) with the video as an OpenAI ``video_url`` part."""
-    out = []
-    for m in messages:
-        content = m["content"]
-        if isinstance(content, list):
-            parts = []
-            for p in content:
-                if p.get("type") == "video":
-                    parts.append({"type": "video_url", "video_url": {"url": video_data_url(p["video"])}})
-                else:
-                    parts.append({"type": "text", "text": p["text"]})
-            content = parts
-        out.append({"role": m["role"], "content": content})
-    return out
 
 
 def to_vllm_row(request: CaptionRequest, max_new_tokens: int | None = None) -> dict[str, Any]:
@@ -103,11 +67,11 @@ def to_vllm_row(request: CaptionRequest, max_new_tokens: int | None = None) -> d
         ERROR_KEY: "",
     }
     try:
-        jpegs = request_jpegs(request)
+        body = video_chat_body(request)
     except Exception as exc:  # same keys as a good row, so Ray's blocks keep one schema
         return {**row, ERROR_KEY: f"{exc.__class__.__name__}: {exc}"}
-    row["messages"] = to_openai_messages(build_messages(replace(request, frames=jpegs)))
-    row["mm_processor_kwargs"]["video_metadata"] = video_metadata(request.timestamps)
+    row["messages"] = body["messages"]
+    row["mm_processor_kwargs"] = body["mm_processor_kwargs"]
     return row
 
 

@@ -119,16 +119,14 @@ class DescribeStage:
     interface) and hands every row on."""
 
     def __init__(self, engine: EngineSpec, prompt: str, app: str | None = None, endpoint: dict | None = None):
-        if endpoint:  # VLM_ENGINE=endpoint: the registered endpoint describes, as it captions
+        if endpoint:  # an endpoint (VLM_ENGINE=endpoint, or the served caption model's route) describes, as it captions
             from video_assets.core.captioning.endpoint_engine import EndpointEngine
 
             self.engine = EndpointEngine(endpoint)
-        elif app is not None:
+        elif app is not None:  # the caption model's vLLM application (ray.serve.llm)
             from video_assets.core.serving import llm
-            from video_assets.core.serving.captioner import ServedEngine
 
-            # the caption model's vLLM application (ray.serve.llm), or its transformers one
-            self.engine = llm.ServedLlmEngine(app) if app.startswith(llm.APP_PREFIX) else ServedEngine(app)
+            self.engine = llm.ServedLlmEngine(app)
         else:
             self.engine = build_engine(engine)
         self.prompt = prompt

@@ -69,6 +69,7 @@ class Endpoint:
     batch_size: int = 4
     concurrency: int = 1  # request stage actors (each sends its batch's requests concurrently)
     max_answer_bytes: int = MAX_ANSWER_BYTES
+    video: bool = False  # takes a video part (vLLM's server): captions send the in-job engines' request
 
     def public(self) -> dict[str, str]:
         """What may be shown (metadata, logs, the registry): never the key."""

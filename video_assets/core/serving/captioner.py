@@ -1,32 +1,39 @@
-"""The caption model as a Ray Serve application: one loaded engine that captions and structures for
-every step on a Ray that outlives them (`video-assets ray up`, or RAY_ADDRESS's cluster).
+"""The caption model as a Ray Serve application speaking the OpenAI chat-completions route: one loaded
+engine that captions, structures and chats for every step on a Ray that outlives them (`video-assets ray up`,
+or RAY_ADDRESS's cluster). Steps reach it as they reach any OpenAI-compatible endpoint (the endpoint
+transport: ``core.inference.endpoint``), so a served model and a `vllm serve` are one code path.
 
-    decode tasks (Ray Data) ─► served_captions (0-CPU caller tasks) ─► Serve handle ─► CaptionerReplica
+    decode tasks (Ray Data) ─► EndpointRequests ─► Serve's HTTP proxy /<app>/v1/chat/completions ─► CaptionerReplica
 
-Serve owns the replicas: it starts one on the first request, routes every step's batches to it, starts
-another when requests queue (up to the job's ``vlm_concurrency``), replaces one that dies, and stops the
-last after ``idle_s`` without requests (scale to zero), giving back its memory and GPU. An application is
-named by everything that decides what its engine computes (model files, device, limits, this code's
-version), so a new model version is a new application and the old one scales to zero by itself.
+The route takes the request every engine gets (``requests.video_chat_body``: one video part, its timing as
+``video_metadata``), image parts, a ``response_format`` JSON schema (structuring) or text only (summaries,
+ask). Serve owns the replicas: it starts one on the first request, batches concurrent requests
+(``serve.batch``), starts another when requests queue (up to the job's ``vlm_concurrency``), replaces one that
+dies, and stops the last after ``idle_s`` without requests (scale to zero). Each replica fetches and verifies
+the registered model on its own node (``build_engine``: no shared filesystem). An application is named by
+everything that decides what its engine computes (model files, device, limits, the code it runs), so a new
+model version is a new application and the old one is retired.
 
 Kept free of Dagster so it can be driven and tested with plain Ray.
 """
 
-from __future__ import annotations
-
 import asyncio
 import functools
 import hashlib
+import hmac
 import os
 import threading
 import time
 import uuid
 from dataclasses import asdict
 
-import numpy as np
 import ray
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
 
-from video_assets.core.captioning.batch import EngineSpec, JobSpec, build_engine, caption_batch, node_id
+from video_assets.core.captioning.batch import EngineSpec, JobSpec, build_engine, node_id
+from video_assets.core.captioning.requests import VideoChat
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.retries import VLM_BATCH_RETRIES
 from video_assets.core.media.sampling import SamplingConfig
@@ -34,9 +41,11 @@ from video_assets.core.sources import module_digest
 
 APP_PREFIX = "captioner-"
 DEPLOYMENT = "Captioner"
-# Requests one replica holds at once: the next batch is there when one finishes (Serve queues the rest
-# at the caller and starts another replica when they pile up).
+# Batches of requests one replica holds at once: the next batch is there when one finishes (Serve queues the
+# rest at the proxy and starts another replica when they pile up).
 IN_FLIGHT = 2
+CHAT_MAX_TOKENS = 512  # a chat turn's cap when the caller gives none (a summary of a video part)
+BATCH_WAIT_S = 0.05  # how long a request waits for others to batch with (a job sends a batch's requests at once)
 LIVE = ("RUNNING", "DEPLOYING", "UPSCALING", "DOWNSCALING")  # an application's states while it serves
 
 
@@ -54,15 +63,60 @@ def app_name(spec: JobSpec) -> str:
     return f"{APP_PREFIX}{h.hexdigest()[:12]}"
 
 
+api = FastAPI(title="video-assets caption model", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+
+
+def _completion(model: str, text: str, prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {
+            "prompt_tokens": int(prompt_tokens),
+            "completion_tokens": int(completion_tokens),
+            "total_tokens": int(prompt_tokens) + int(completion_tokens),
+        },
+    }
+
+
+def _has_media(body: dict) -> bool:
+    return any(
+        isinstance(p, dict) and p.get("type") in ("video_url", "image_url")
+        for m in body.get("messages") or []
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+    )
+
+
+def _text_messages(body: dict) -> list[dict[str, str]]:
+    """Chat messages with text content (parts joined), as the structurer and chat turns take them."""
+    out = []
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "\n".join(
+                str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+            )
+        out.append({"role": str(m.get("role", "user")), "content": str(content or "")})
+    return out
+
+
+@serve.ingress(api)
 class CaptionerReplica:
-    """One replica: the engine loaded once, then every caption batch and structuring request of every
-    step. One generation at a time (a second would only share the same cores or GPU); ``stats`` answers
-    while one runs."""
+    """One replica: the engine loaded once (its model fetched and verified on this node), then every caption,
+    structuring and chat request of every step, through the OpenAI route. One generation at a time (a second
+    would only share the same cores or GPU); requests that arrive together are batched; ``stats`` (a handle
+    call, for operators and tests) answers while one runs. ``key_sha256``: requests must carry the bearer key
+    it is the digest of (the instance's serve key: other local users' requests are refused); empty, none."""
 
-    def __init__(self, engine: EngineSpec, app: str | None = None):
+    def __init__(self, engine: EngineSpec, app: str | None = None, key_sha256: str = ""):
         if app is not None:  # a config whose name and settings disagree would serve another model by that name
-            from ray import serve
-
             running = serve.get_replica_context().app_name
             if running != app:
                 raise RuntimeError(
@@ -72,6 +126,7 @@ class CaptionerReplica:
                 )
         started = time.perf_counter()
         self.engine = build_engine(engine)
+        self.model = app or serve.get_replica_context().app_name  # what it answers as (not `app`: the ingress's)
         self.max_new_tokens = engine.max_new_tokens
         self.node = node_id()
         self.replica = uuid.uuid4().hex  # which replica answered: a pid can come back for another one
@@ -82,13 +137,14 @@ class CaptionerReplica:
             "structure_calls": 0,
             "structured": 0,
             "chat_calls": 0,
-            "describe_calls": 0,
-            "described": 0,
         }
         self.load_s = time.perf_counter() - started
         self.busy = 0
+        self._key = key_sha256
         self._structurer = None  # built on the first structuring request, on the same loaded model
         self._one = threading.Lock()
+        self._captions.set_max_batch_size(max(1, engine.batch_size))
+        self._structured.set_max_batch_size(max(1, engine.batch_size))
 
     async def _run(self, fn, *args):
         self.busy += 1
@@ -101,49 +157,90 @@ class CaptionerReplica:
         with self._one:
             return fn(*args)
 
-    async def caption(self, batch: dict[str, np.ndarray], prompt: str) -> dict[str, list]:
+    def _authorised(self, request: Request) -> bool:
+        if not self._key:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        return scheme.lower() == "bearer" and hmac.compare_digest(digest, self._key)
+
+    @api.get("/v1/models")
+    async def models(self, request: Request):
+        if not self._authorised(request):
+            return _error(401, "a bearer key is required (the instance's serve key)")
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "video-assets"}]}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        """A caption (a video, or images), a structuring request (``response_format`` with a JSON schema) or a
+        chat turn (text only); greedy. A request the route cannot take is a 4xx naming why (not retried);
+        an engine failure for one request is that request's 422, the others in its batch are answered."""
+        if not self._authorised(request):
+            return _error(401, "a bearer key is required (the instance's serve key)")
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+        except ValueError as exc:
+            return _error(400, f"not a JSON request: {exc}")
+        if body.get("stream"):
+            return _error(400, "stream is not supported")
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        fmt = body.get("response_format") or {}
+        try:
+            if _has_media(body):
+                chat = VideoChat.from_openai(
+                    uuid.uuid4().hex, body, min(int(limit or self.max_new_tokens), self.max_new_tokens)
+                )
+                answer = await self._captions(chat)
+                if answer.error:
+                    return _error(422, answer.error)
+                return _completion(self.model, answer.text, answer.input_tokens, answer.output_tokens)
+            messages = _text_messages(body)
+            if fmt.get("type") == "json_schema":
+                from video_assets.core.structuring.policy import StructureRequest
+
+                schema = (fmt.get("json_schema") or {}).get("schema")
+                if not isinstance(schema, dict):
+                    raise ValueError("response_format.json_schema.schema must be a JSON schema object")
+                reply = await self._structured(
+                    StructureRequest(uuid.uuid4().hex, messages, schema, int(limit or CHAT_MAX_TOKENS))
+                )
+                if reply.error:
+                    return _error(422, reply.error)
+                return _completion(self.model, reply.text, 0, reply.output_tokens)
+            self.counts["chat_calls"] += 1
+            text = await self._run(self._chat, messages, int(limit or CHAT_MAX_TOKENS))
+            return _completion(self.model, text, 0, 0)
+        except ValueError as exc:
+            return _error(400, str(exc))
+
+    @serve.batch(max_batch_size=4, batch_wait_timeout_s=BATCH_WAIT_S)
+    async def _captions(self, chats: list[VideoChat]) -> list:
         self.counts["caption_batches"] += 1
-        self.counts["captioned"] += len(batch["video_id"])
-        return await self._run(caption_batch, self.engine, self.node, batch, prompt, self.max_new_tokens)
+        self.counts["captioned"] += len(chats)
+        return await self._run(self.engine.generate_chats, chats)
 
-    async def describe(self, requests: list) -> list:
-        """Caption requests of any shape on the loaded engine (curation's one-frame descriptions), answered
-        as the engine answers them."""
-        self.counts["describe_calls"] += 1
-        self.counts["described"] += len(requests)
-        return await self._run(self.engine.generate, requests)
-
-    async def structure(self, requests: list, batch_size: int) -> list:
+    @serve.batch(max_batch_size=4, batch_wait_timeout_s=BATCH_WAIT_S)
+    async def _structured(self, requests: list) -> list:
         """Structuring requests (``core.structuring.policy``) on this replica's loaded model: the structurer
         'captioner' shares it instead of loading a second copy."""
         self.counts["structure_calls"] += 1
         self.counts["structured"] += len(requests)
-        return await self._run(self._structure, requests, batch_size)
+        return await self._run(self._structure, requests)
 
-    def _structure(self, requests: list, batch_size: int) -> list:
+    def _structure(self, requests: list) -> list:
         from video_assets.core.structuring.engines import TransformersStructurer
 
         if self._structurer is None:
             self._structurer = TransformersStructurer(loaded=self.engine.loaded)
-        self._structurer.batch_size = max(1, int(batch_size))
+        self._structurer.batch_size = max(1, len(requests))
         return self._structurer.generate(requests)
 
-    async def chat(self, messages: list[dict], json_schema: dict | None, max_tokens: int) -> str:
-        """A text-only chat turn on the loaded model (summaries, ask): greedy; with ``json_schema``, decoding
-        constrained to it as structuring's is."""
-        self.counts["chat_calls"] += 1
-        return await self._run(self._chat, messages, json_schema, max_tokens)
-
-    def _chat(self, messages: list[dict], json_schema: dict | None, max_tokens: int) -> str:
+    def _chat(self, messages: list[dict], max_tokens: int) -> str:
+        """A text-only chat turn on the loaded model (summaries, ask): greedy."""
         from video_assets.core.inference import hf
 
-        if json_schema is not None:
-            from video_assets.core.structuring.policy import StructureRequest
-
-            [reply] = self._structure([StructureRequest("chat", messages, json_schema, max_tokens)], 1)
-            if reply.error:
-                raise RuntimeError(reply.error)
-            return reply.text
         loaded = self.engine.loaded
         text = loaded.chat.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         enc = loaded.tokenizer([text], return_tensors="pt", add_special_tokens=False).to(loaded.device)
@@ -172,18 +269,19 @@ def _serve_running() -> bool:
         return False
 
 
-def start_serve() -> None:
-    """Serve on the connected Ray unless it runs there already (a user's cluster keeps its own proxy
-    settings): handles only, no HTTP proxy, so nothing listens on a port."""
-    from ray import serve
+DEFAULT_HTTP = {"host": "127.0.0.1", "port": 8100}  # resources.settings.serve_http: VIDEO_SERVE_HOST / _PORT
 
+
+def start_serve(http: dict | None = None) -> None:
+    """Serve on the connected Ray unless it runs there already (a user's cluster keeps its own proxy
+    settings), its HTTP proxy on the head node only, at ``http``'s host and port (loopback by default)."""
     if not _serve_running():
-        serve.start(proxy_location="Disabled")
+        http = {**DEFAULT_HTTP, **{k: v for k, v in (http or {}).items() if k in ("host", "port")}}
+        serve.start(proxy_location="HeadOnly", http_options={"host": http["host"], "port": int(http["port"])})
 
 
 def app_status(name: str) -> str | None:
     """The Serve application's status (RUNNING, DEPLOYING, ...), or None when it is not deployed."""
-    from ray import serve
 
     if not _serve_running():
         return None
@@ -191,11 +289,11 @@ def app_status(name: str) -> str | None:
     return None if app is None else str(getattr(app.status, "value", app.status))
 
 
-def _application(spec: JobSpec):
+def _application(spec: JobSpec, key_digest: str | None = None):
     """``spec``'s caption application, bound and ready for ``serve.run`` or a Serve config's build: what
     ``deploy`` runs and what ``build`` gives ``serve deploy``, so the two cannot differ. Replicas: 0 to
-    ``spec.vlm_concurrency``, scaled to zero after ``spec.warm_idle_s`` without requests."""
-    from ray import serve
+    ``spec.vlm_concurrency``, scaled to zero after ``spec.warm_idle_s`` without requests. ``key_digest``: the
+    serve key's (a config's args hold only that), else taken from ``spec.serve``."""
 
     idle = max(1.0, float(spec.warm_idle_s))
     gpu = spec.vlm_num_gpus > 0
@@ -212,12 +310,13 @@ def _application(spec: JobSpec):
         .options(
             name=DEPLOYMENT,
             ray_actor_options=actor,
-            max_ongoing_requests=IN_FLIGHT,
+            # Requests are segments: a replica holds IN_FLIGHT batches of them (``serve.batch``).
+            max_ongoing_requests=IN_FLIGHT * max(1, spec.engine.batch_size),
             autoscaling_config={
                 "min_replicas": 0,
                 "initial_replicas": 1,
                 "max_replicas": max(1, spec.vlm_concurrency),
-                "target_ongoing_requests": IN_FLIGHT,
+                "target_ongoing_requests": IN_FLIGHT * max(1, spec.engine.batch_size),
                 "upscale_delay_s": 0.0,
                 "downscale_delay_s": idle,
                 "downscale_to_zero_delay_s": idle,
@@ -226,29 +325,72 @@ def _application(spec: JobSpec):
             health_check_period_s=10.0,
             graceful_shutdown_timeout_s=5.0,
         )
-        .bind(spec.engine, app_name(spec))
+        .bind(
+            spec.engine, app_name(spec), key_sha256(spec.serve.get("api_key", "")) if key_digest is None else key_digest
+        )
     )
+
+
+def key_sha256(key: str) -> str:
+    """What a replica is given of the serve key: its digest (a Serve config holds no secret)."""
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""
+
+
+def served_endpoint(spec: JobSpec) -> dict:
+    """``core.inference.endpoint.Endpoint`` fields of ``spec``'s caption application's OpenAI route: what the
+    captions job, structuring, frame descriptions and chat send to, as to any endpoint that takes video."""
+    name = app_name(spec)
+    base = str(spec.serve.get("url") or f"http://{DEFAULT_HTTP['host']}:{DEFAULT_HTTP['port']}").rstrip("/")
+    return {
+        "url": f"{base}/{name}/v1",
+        "model": name,
+        "api_key": spec.serve.get("api_key", ""),
+        "timeout_s": spec.request_timeout_s,
+        "batch_size": spec.engine.batch_size,
+        "concurrency": max(1, spec.vlm_concurrency) * IN_FLIGHT,
+        "video": True,
+    }
 
 
 def deploy(spec: JobSpec) -> str:
     """The name of ``spec``'s caption application, deployed unless it runs already (deployed by an earlier
     step, or by a Serve config from ``serve_config``: the name says what it computes, so a running
     application of that name is this model with these settings). The first replica loads the model before
-    this returns. No handle here: requests go from Ray workers (``on_worker``, ``served_captions``)."""
-    return run_once(app_name(spec), lambda: _application(spec), retire_idle)
+    this returns, and its route answers (``served_endpoint``), or a RuntimeError names the settings."""
+    name = run_once(app_name(spec), lambda: _application(spec), retire_idle, http=spec.serve)
+    _check_proxy(spec)
+    return name
 
 
-def run_once(name: str, application, retire) -> str:
+def _check_proxy(spec: JobSpec, timeout_s: float = 10.0) -> None:
+    """Serve's HTTP proxy answers at the URL steps send to (its own health route: a replica busy with another
+    step's batch does not delay it), or a RuntimeError names the settings."""
+    import urllib.error
+    import urllib.request
+
+    base = served_endpoint(spec)["url"].rsplit("/", 2)[0]
+    try:
+        urllib.request.urlopen(f"{base}/-/healthz", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return  # the proxy answered
+    except OSError as exc:
+        raise RuntimeError(
+            f"the served caption model {app_name(spec)} runs, but Serve's HTTP proxy does not answer at {base} "
+            f"({exc.__class__.__name__}: {exc}): set VIDEO_SERVE_URL / VIDEO_SERVE_HOST / VIDEO_SERVE_PORT to where it "
+            "listens (Serve keeps the proxy settings it was first started with), or restart the Ray service"
+        ) from None
+
+
+def run_once(name: str, application, retire, http: dict | None = None, route: bool = True) -> str:
     """Serve application ``name`` (``application()``, bound) deployed unless it runs already, after
-    ``retire(keep=name)`` deleted the idle applications it replaces; no HTTP route. Returns ``name``."""
-    from ray import serve
-
+    ``retire(keep=name)`` deleted the idle applications it replaces; with ``route``, at ``/<name>`` on Serve's
+    HTTP proxy (``http``: where it listens, when this starts Serve). Returns ``name``."""
     if app_status(name) in LIVE:
         return name
-    start_serve()
+    start_serve(http)
     retire(keep=name)
     try:
-        serve.run(application(), name=name, route_prefix=None)
+        serve.run(application(), name=name, route_prefix=f"/{name}" if route else None)
         return name
     except Exception:
         if app_status(name) in LIVE:  # another step deployed it meanwhile
@@ -267,6 +409,7 @@ def spec_args(spec: JobSpec) -> dict:
         "resources": dict(spec.vlm_resources),
         "max_replicas": spec.vlm_concurrency,
         "idle_s": spec.warm_idle_s,
+        "key_sha256": key_sha256(spec.serve.get("api_key", "")),
     }
 
 
@@ -285,22 +428,25 @@ def build(args: dict):
         vlm_resources=dict(args.get("resources") or {}),
         warm_idle_s=float(args.get("idle_s", 300.0)),
     )
-    return _application(spec)
+    return _application(spec, key_digest=str(args.get("key_sha256") or ""))
 
 
 def serve_config(spec: JobSpec) -> dict:
     """A Serve config file (``serve deploy`` / ``serve run`` / a RayService's ``serveConfigV2``) holding
-    ``spec``'s caption application under the name the steps look for: a step that finds it running uses
-    it as it is instead of deploying its own. No HTTP route (handles only)."""
-    return config_file(app_name(spec), BUILDER, spec_args(spec))
+    ``spec``'s caption application under the name the steps look for, at its route: a step that finds it
+    running uses it as it is instead of deploying its own."""
+    http = {**DEFAULT_HTTP, **{k: v for k, v in spec.serve.items() if k in ("host", "port")}}
+    return config_file(app_name(spec), BUILDER, spec_args(spec), route=True, http=http)
 
 
-def config_file(name: str, import_path: str, args: dict) -> dict:
-    """A Serve config of one application built by ``import_path(args)``, HTTP proxy off (handles only)."""
-    return {
-        "proxy_location": "Disabled",
-        "applications": [{"name": name, "route_prefix": None, "import_path": import_path, "args": args}],
-    }
+def config_file(name: str, import_path: str, args: dict, route: bool = False, http: dict | None = None) -> dict:
+    """A Serve config of one application built by ``import_path(args)``: at ``/<name>`` on the HTTP proxy
+    (``http``: its host and port) with ``route``, else reached by handles only (no proxy)."""
+    app = {"name": name, "route_prefix": f"/{name}" if route else None, "import_path": import_path, "args": args}
+    if not route:
+        return {"proxy_location": "Disabled", "applications": [app]}
+    proxy = {"host": http["host"], "port": int(http["port"])} if http else dict(DEFAULT_HTTP)
+    return {"proxy_location": "HeadOnly", "http_options": proxy, "applications": [app]}
 
 
 def retire_idle(keep: str) -> list[str]:
@@ -364,107 +510,3 @@ def _retried(call):
             if attempt == VLM_BATCH_RETRIES:
                 raise
     raise AssertionError("unreachable")
-
-
-_HANDLES: dict = {}  # a worker's handles by application: Ray reuses a job's workers for its tasks
-
-
-def served_captions(
-    batch: dict[str, np.ndarray], app: str, prompt: str, timeout_s: float | None = None
-) -> dict[str, list]:
-    """The captions job's model stage on a Serve application: a Ray Data task with no CPU of its own that
-    sends a batch to the application and waits. A task, not an actor: it runs in the job's workers that
-    decoded (each new process of a new job costs a start and imports). A replica that dies under a batch
-    is replaced by Serve; the batch is sent again ``VLM_BATCH_RETRIES`` times, then fails and is dropped
-    like any engine stage's (``tolerate_failed_batches``: its segments become error rows). A replica that
-    does not answer within ``timeout_s`` (alive, but stalled) gets its request cancelled, and the batch's
-    segments are error rows naming the timeout: the job goes on."""
-    from ray import serve
-
-    if (handle := _HANDLES.get(app)) is None:
-        handle = _HANDLES[app] = serve.get_app_handle(app)
-
-    def call():
-        response = handle.caption.remote(batch, prompt)
-        try:
-            return response.result(timeout_s=timeout_s)
-        except TimeoutError:
-            response.cancel()
-            return caption_batch(Unanswered(_timed_out(timeout_s)), None, batch, prompt, 0)
-
-    return _retried(call)
-
-
-def _timed_out(timeout_s: float | None) -> str:
-    return f"timed out: the served engine gave no answer within {timeout_s:g} s (VLM_REQUEST_TIMEOUT_S)"
-
-
-class Unanswered:
-    """The engine interface answering every request with ``error`` (requests a server never answered)."""
-
-    def __init__(self, error: str):
-        self.error = error
-
-    def generate(self, requests: list) -> list:
-        from video_assets.core.captioning.requests import failed
-
-        return [failed(r.request_id, self.error) for r in requests]
-
-
-class ServedEngine:
-    """The captioning engine interface (``generate``) on a caption application, for a Ray Data actor that
-    holds no model (curation's frame descriptions): the replica that captions answers. A replica that dies
-    under a call is replaced by Serve and the call sent again, as ``served_captions`` does."""
-
-    def __init__(self, app: str):
-        from ray import serve
-
-        self.handle = serve.get_app_handle(app)
-
-    def generate(self, requests: list) -> list:
-        return _retried(lambda: self.handle.describe.remote(requests).result())
-
-
-class ServedStructurer:
-    """A structuring engine (``generate``) on the caption application of ``spec`` (deployed if it is not):
-    the structurer 'captioner' on a Ray that outlives the steps."""
-
-    name = "transformers (served caption engine)"
-    speculative_retry = False  # a loaded model: a retry costs only its own (short) generation
-
-    def __init__(self, spec: JobSpec, batch_size: int):
-        self.batch_size = batch_size
-        self.timeout_s = spec.request_timeout_s
-        self.app = deploy(spec)
-
-    def generate(self, requests: list) -> list:
-        """The replica's answers; when it gives none within the request timeout (a stalled replica), each
-        request's error says so (Ray raises the task's TimeoutError as one)."""
-        from video_assets.core.structuring.policy import StructureResponse
-
-        try:
-            return on_worker(self.app, "structure", requests, self.batch_size, timeout_s=self.timeout_s)
-        except TimeoutError:
-            return [StructureResponse(q.request_id, "", error=_timed_out(self.timeout_s)) for q in requests]
-
-
-CHAT_MAX_TOKENS = 512  # a chat turn's cap when the caller gives none (a summary of a video part)
-
-
-class ServedChat:
-    """The chat client of summaries (and ``LlmClient``'s interface: ``check``, ``model``, ``chat``) on the
-    caption application of ``spec``, deployed if it is not: the caption model answers, loaded once for
-    captions, structuring and summaries alike. Requests go from Ray workers (``on_worker``)."""
-
-    def __init__(self, spec: JobSpec):
-        self.app = deploy(spec)
-        self.model = self.app  # what the summaries' ``summarizer`` names: this model, these settings, this code
-
-    def __repr__(self) -> str:
-        return f"ServedChat(app={self.app!r})"
-
-    def check(self) -> str:
-        return self.model
-
-    def chat(self, messages: list[dict], json_schema: dict | None = None, max_tokens: int | None = None) -> str:
-        return on_worker(self.app, "chat", messages, json_schema, int(max_tokens or CHAT_MAX_TOKENS))

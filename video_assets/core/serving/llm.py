@@ -113,7 +113,9 @@ def deploy(spec: JobSpec) -> str:
     from ray.serve.llm import build_llm_deployment
 
     name = app_name(spec)
-    return run_once(name, lambda: build_llm_deployment(llm_config(spec, name)), retire_idle)
+    return run_once(
+        name, lambda: build_llm_deployment(llm_config(spec, name)), retire_idle, http=spec.serve, route=False
+    )
 
 
 BUILDER = f"{__name__}:build"  # a Serve config's import_path
@@ -445,6 +447,10 @@ def engine_service(spec: JobSpec, served_app: str | None = None) -> dict:
 
     if spec.engine.name == "endpoint":  # the URL and model only: never the key
         return {"mode": "endpoint", "url": spec.endpoint["url"], "model": spec.endpoint["model"]}
+    if spec.engine.name == "transformers" and spec.warm_idle_s > 0:  # the caption application, on its route
+        name = served_app or captioner.app_name(spec)
+        deployment = captioner.DEPLOYMENT
+        return {"mode": "served", "application": name, "deployment": deployment, "replicas": captioner.replicas(name)}
     if served_app:  # the vLLM application the job's rows name
         return {
             "mode": "served",
@@ -452,8 +458,4 @@ def engine_service(spec: JobSpec, served_app: str | None = None) -> dict:
             "deployment": deployment_name(served_app),
             "replicas": replicas(served_app),
         }
-    if spec.engine.name == "transformers" and spec.warm_idle_s > 0:
-        name = captioner.app_name(spec)
-        deployment = captioner.DEPLOYMENT
-        return {"mode": "served", "application": name, "deployment": deployment, "replicas": captioner.replicas(name)}
     return {"mode": "in-job", "engine": spec.engine.name, "actors": spec.vlm_concurrency}

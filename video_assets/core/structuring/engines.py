@@ -195,11 +195,11 @@ class EndpointStructurer:
 
     speculative_retry = False
 
-    def __init__(self, endpoint: dict):
+    def __init__(self, endpoint: dict, name: str | None = None):
         from video_assets.core.inference.endpoint import Endpoint
 
         self.endpoint = Endpoint(**endpoint)
-        self.name = f"endpoint {self.endpoint.url} ({self.endpoint.model})"
+        self.name = name or f"endpoint {self.endpoint.url} ({self.endpoint.model})"
 
     def generate(self, requests: list[StructureRequest]) -> list[StructureResponse]:
         if not requests:

@@ -90,7 +90,7 @@ def frames(
             engine = EngineSpec("transformers", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
             # On a Ray that outlives the steps, the caption model's served application describes (loaded once
             # for captions, structuring, summaries and these); else an engine loaded in the job.
-            app = served_application(vlm, model)
+            app, endpoint = served_application(vlm, model)
     version = cfg.version(**extra)
 
     existing = tables.batch(CURATED_FRAMES, batch, SCHEMAS[CURATED_FRAMES])
