@@ -83,6 +83,12 @@ class VlmSettings(ConfigurableResource):
     endpoint_api_key: str = Field(
         default="", description="VLM_ENGINE=endpoint: bearer key (VLM_ENDPOINT_API_KEY); never logged"
     )
+    endpoint_video: bool = Field(
+        default=False,
+        description="VLM_ENGINE=endpoint: the server takes a video part (vLLM's OpenAI server does: VLM_ENDPOINT_VIDEO=1), "
+        "so each segment is sent as the in-job engines' request (one video, its frames' timing as video_metadata); "
+        "off, one image part per frame with its time in the text (servers without video, e.g. hosted APIs)",
+    )
     endpoint_qps: int | None = Field(
         default=None,
         ge=1,
@@ -169,6 +175,7 @@ class VlmSettings(ConfigurableResource):
             "timeout_s": self.endpoint_timeout_s,
             "batch_size": self.batch_size,
             "concurrency": self.concurrency,
+            "video": self.endpoint_video,
         }
 
     def materialize_source(self) -> tuple[Path, str]:

@@ -337,3 +337,73 @@ def test_frame_descriptions_go_to_the_endpoint_that_captioned(instance, resource
     assert len(described) == kept.height
     for r in described:
         assert sum(p["type"] == "image_url" for p in r["messages"][0]["content"]) == 1
+
+
+def _clip_frames(n: int = 4) -> tuple[list[bytes], list[float]]:
+    """A real clip's first frames as the decode stage hands them on (JPEG, small), with their times."""
+    import av
+
+    from tests.fixtures.samples import BUNDLED
+    from video_assets.core.media.frames import encode_one
+
+    jpegs, times = [], []
+    with av.open(str(BUNDLED / "realshort.mp4")) as container:
+        for frame in container.decode(video=0):
+            jpegs.append(encode_one(np.asarray(frame.to_image().resize((64, 48)))))
+            times.append(float(frame.time))
+            if len(jpegs) == n:
+                break
+    return jpegs, times
+
+
+def test_every_transport_sends_one_request_and_the_model_sees_the_same_video(tmp_path, tiny_model):
+    """One segment through the in-job transformers engine, an endpoint that takes video (the stub here; the
+    served caption application is one, and `vllm serve`) and the in-job vLLM engine: the same frames, text and
+    timing. The request the server receives, read back as the served application reads it, is the in-job
+    engine's own; for the tiny model both give the processor the same pixels and second_per_grid_ts."""
+    from video_assets.core.captioning.endpoint_engine import EndpointEngine
+    from video_assets.core.captioning.requests import CaptionRequest, VideoChat
+    from video_assets.core.captioning.transformers_engine import TransformersEngine
+    from video_assets.core.captioning.vllm_engine import to_vllm_row
+    from video_assets.core.media.frames import decode
+
+    jpegs, times = _clip_frames()
+    prompt = "Describe what the hands do."
+    with stub_server({"model": "stub-vlm", "default": CAPTION}, tmp_path) as stub:
+        fields = {"url": stub.base_url, "model": "stub-vlm", "video": True, "retries": 0}
+        [answer] = EndpointEngine(fields).generate([CaptionRequest("s", jpegs, times, prompt, max_new_tokens=8)])
+        [received] = stub.requests()
+    assert answer.error is None and answer.text == CAPTION
+    [part] = [p for p in received["messages"][0]["content"] if p["type"] == "video_url"]  # one video, no images
+    assert received["mm_processor_kwargs"]["do_sample_frames"] is False
+
+    # In the job, the engine decodes the decode stage's JPEGs (batch.caption_batch) and builds its request.
+    in_job = VideoChat.of(CaptionRequest("s", decode(jpegs), times, prompt, max_new_tokens=8))
+    served = VideoChat.from_openai("s", received, 8)  # what the served application's route builds
+    assert np.array_equal(served.frames, in_job.frames)
+    assert served.metadata == in_job.metadata and in_job.metadata["fps"] != 24  # the frames' real rate
+    assert served.messages[-1]["content"][-1] == in_job.messages[-1]["content"][-1]  # the times and instruction
+    # The in-job vLLM engine is sent the very same messages and timing.
+    row = to_vllm_row(CaptionRequest("s", jpegs, times, prompt, max_new_tokens=8))
+    assert row["messages"] == [{k: m[k] for k in ("role", "content")} for m in received["messages"]]
+    assert row["mm_processor_kwargs"] == received["mm_processor_kwargs"]
+
+    engine = TransformersEngine(str(tiny_model), device="cpu", max_new_tokens=8)
+    a, b = engine.prepare([in_job]), engine.prepare([served])
+    assert float(a["second_per_grid_ts"][0]) == float(b["second_per_grid_ts"][0])
+    assert np.array_equal(a["pixel_values_videos"].numpy(), b["pixel_values_videos"].numpy())
+    assert a["input_ids"].tolist() == b["input_ids"].tolist()
+
+
+def test_a_structuring_request_reaches_the_served_model_as_the_in_job_structurer_gets_it():
+    from video_assets.core.serving.captioner import structure_request
+    from video_assets.core.structuring.engines import structure_payload
+    from video_assets.core.structuring.policy import StructureRequest
+
+    schema = {"type": "object", "properties": {"verdict": {"enum": ["confirmed", "none"]}}, "required": ["verdict"]}
+    messages = [{"role": "system", "content": JSON_TURN}, {"role": "user", "content": CAPTION}]
+    sent = StructureRequest("r", messages, schema, 64)
+    got = structure_request("r", json.loads(json.dumps(structure_payload("m", sent))))  # through the wire
+    assert got == sent
+    with pytest.raises(ValueError, match="json_schema.schema"):
+        structure_request("r", {"messages": messages, "response_format": {"type": "json_schema"}})

@@ -5,13 +5,15 @@ tiny real model, bundled clips."""
 
 import json
 import time
+import urllib.error
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import ray
 
-from resources.settings import embedded_ray_auth
+from resources.settings import embedded_ray_auth, serve_http
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import caption_rows
 from video_assets.core.inference.model_cache import ModelFiles
@@ -22,6 +24,7 @@ from video_assets.core.serving.captioner import (
     deploy,
     replicas,
     serve_config,
+    served_endpoint,
     stats,
 )
 from video_assets.core.serving.llm import engine_service
@@ -53,7 +56,7 @@ def _spec(tiny_model, idle_s: float, **vlm):
     spec = job_spec(
         SamplingConfig(min_frames=2, max_frames=3), settings, "transformers", ModelFiles(str(tiny_model)), "Describe."
     )
-    return replace(spec, warm_idle_s=idle_s)
+    return replace(spec, warm_idle_s=idle_s, serve=serve_http())  # as job_spec sets them under `ray up`
 
 
 def _wait(predicate, timeout_s: float, what: str):
@@ -76,6 +79,14 @@ def test_the_next_batch_reuses_the_loaded_replica_which_scales_to_zero_when_idle
     assert [r["status"] for r in first] == ["ok", "ok"] and all(r["prose"] for r in first), [r["error"] for r in first]
     replica = stats(name)
     assert {r["engine_node"] for r in first} == {replica["node"]}
+    # The route answers the instance's key only (the proxy is on loopback; other local users have no key).
+    route = served_endpoint(spec)
+    for key in ("", "not-the-key"):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(f"{route['url']}/models", headers=headers), timeout=30)
+        assert refused.value.code == 401
+    assert route["url"].startswith(f"http://127.0.0.1:{serve_http()['port']}/")
     second = list(caption_rows(_videos(["fire2.mp4"]), spec))
     assert [r["status"] for r in second] == ["ok"]
     again = stats(name)

@@ -80,6 +80,7 @@ def build_resources() -> dict:
             endpoint_url=env_or("VLM_ENDPOINT_URL", ""),
             endpoint_model=env_or("VLM_ENDPOINT_MODEL", ""),
             endpoint_api_key=env_or("VLM_ENDPOINT_API_KEY", ""),
+            endpoint_video=env_or("VLM_ENDPOINT_VIDEO", False, (VlmSettings, "endpoint_video")),
             endpoint_timeout_s=env_or("VLM_REQUEST_TIMEOUT_S", 120.0, (VlmSettings, "endpoint_timeout_s")),
             max_error_share=env_or("VLM_MAX_ERROR_SHARE", 0.5, (VlmSettings, "max_error_share")),
             # GPU sizing: what a sensor-launched run (no run config) gets on a GPU node.

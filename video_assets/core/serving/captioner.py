@@ -107,6 +107,19 @@ def _text_messages(body: dict) -> list[dict[str, str]]:
     return out
 
 
+def structure_request(request_id: str, body: dict):
+    """A chat request constrained to a JSON schema (``response_format``, as ``structuring.engines.structure_payload``
+    sends it) as the structurer's ``StructureRequest``: the same messages, schema and token limit the in-job
+    structurer is given. ValueError when the schema is missing."""
+    from video_assets.core.structuring.policy import StructureRequest
+
+    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
+    if not isinstance(schema, dict):
+        raise ValueError("response_format.json_schema.schema must be a JSON schema object")
+    limit = body.get("max_tokens") or body.get("max_completion_tokens") or CHAT_MAX_TOKENS
+    return StructureRequest(request_id, _text_messages(body), schema, int(limit))
+
+
 @serve.ingress(api)
 class CaptionerReplica:
     """One replica: the engine loaded once (its model fetched and verified on this node), then every caption,
@@ -196,21 +209,13 @@ class CaptionerReplica:
                 if answer.error:
                     return _error(422, answer.error)
                 return _completion(self.model, answer.text, answer.input_tokens, answer.output_tokens)
-            messages = _text_messages(body)
             if fmt.get("type") == "json_schema":
-                from video_assets.core.structuring.policy import StructureRequest
-
-                schema = (fmt.get("json_schema") or {}).get("schema")
-                if not isinstance(schema, dict):
-                    raise ValueError("response_format.json_schema.schema must be a JSON schema object")
-                reply = await self._structured(
-                    StructureRequest(uuid.uuid4().hex, messages, schema, int(limit or CHAT_MAX_TOKENS))
-                )
+                reply = await self._structured(structure_request(uuid.uuid4().hex, body))
                 if reply.error:
                     return _error(422, reply.error)
                 return _completion(self.model, reply.text, 0, reply.output_tokens)
             self.counts["chat_calls"] += 1
-            text = await self._run(self._chat, messages, int(limit or CHAT_MAX_TOKENS))
+            text = await self._run(self._chat, _text_messages(body), int(limit or CHAT_MAX_TOKENS))
             return _completion(self.model, text, 0, 0)
         except ValueError as exc:
             return _error(400, str(exc))

@@ -446,7 +446,15 @@ def engine_service(spec: JobSpec, served_app: str | None = None) -> dict:
     from video_assets.core.serving import captioner
 
     if spec.engine.name == "endpoint":  # the URL and model only: never the key
-        return {"mode": "endpoint", "url": spec.endpoint["url"], "model": spec.endpoint["model"]}
+        return {
+            "mode": "endpoint",
+            "url": spec.endpoint["url"],
+            "model": spec.endpoint["model"],
+            # what each segment was sent as (``endpoint_engine.caption_payload``), and why
+            "request": "one video part (VLM_ENDPOINT_VIDEO)"
+            if spec.endpoint.get("video")
+            else "image parts, times in the text (the endpoint takes no video: VLM_ENDPOINT_VIDEO off)",
+        }
     if spec.engine.name == "transformers" and spec.warm_idle_s > 0:  # the caption application, on its route
         name = served_app or captioner.app_name(spec)
         deployment = captioner.DEPLOYMENT
