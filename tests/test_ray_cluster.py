@@ -360,6 +360,59 @@ def test_a_node_that_joins_after_the_step_started_fetches_the_model_for_its_engi
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+def test_the_served_model_fetches_its_weights_on_its_own_node_and_captions(
+    two_node_cluster, tiny_model_cache, tmp_path, monkeypatch
+):
+    """Served on a cluster, with no copy of the model where the step runs (no shared filesystem): the caption
+    application's replica, placed on the worker node, fetches and verifies the registered model there and
+    every segment is captioned by it through its route, none by an engine in the job."""
+    import ray
+    from ray import serve
+
+    from resources.vlm import TINY_MODEL_SOURCE
+    from tests.fixtures.samples import BUNDLED
+    from video_assets.core.captioning.job import caption_rows
+    from video_assets.core.inference.model_cache import ModelFiles, node_cache_path
+    from video_assets.core.media.sampling import SamplingConfig
+    from video_assets.core.serving.captioner import app_name, stats
+    from video_assets.defs.engines import job_spec
+
+    address, _, _ = two_node_cluster
+    monkeypatch.setenv("RAY_ADDRESS", address)  # a Ray that outlives the steps: the served model
+    reg = MlflowRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "art"))
+    reg.register_model_folder(tiny_model_cache / TINY_MODEL_SOURCE, "captioner", "production", "tiny", "fp-1")
+    version = reg.resolve_alias("captioner", "production")
+    cache = tmp_path / "cache"
+    files = ModelFiles("/nonexistent/model", version.source, str(cache), reg.tracking_uri, version.tags["files_sha256"])
+    vlm = VlmSettings(
+        cache_dir=str(cache), engine="transformers", max_new_tokens=4, batch_size=2, model_resources={"video_worker": 1}
+    )
+    spec = job_spec(SamplingConfig(min_frames=2, max_frames=3), vlm, "transformers", files, "Describe.")
+    assert spec.warm_idle_s > 0 and spec.serve["url"]
+    worker = _node_ids(address)["video_worker"]
+    assert not list(cache.rglob("model.safetensors"))  # the step fetched no weights
+    names = ["realshort.mp4", "asl_eat.mkv"]
+    videos = [
+        {"video_id": n, "batch_key": "b", "uri": str(BUNDLED / n), "duration_s": None, "rotation": 0} for n in names
+    ]
+    ray.init(**ray_init_options())
+    try:
+        rows = list(caption_rows(videos, spec))
+        assert sorted(r["video_id"] for r in rows) == sorted(names)
+        assert all(r["status"] == "ok" and r["prose"] for r in rows), [r["error"] for r in rows]
+        replica = stats(app_name(spec))
+        # Every segment answered by the one replica, on the worker node, which loaded the model once.
+        assert {r["engine_node"] for r in rows} == {worker} == {replica["node"]}
+        assert (replica["loads"], replica["captioned"]) == (1, len(rows))
+        # Its weights fetched into that node's cache, checked against the registered manifest.
+        assert list(node_cache_path(version.source, str(cache)).rglob("model.safetensors"))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
 def test_vllm_decode_sized_beyond_the_clusters_cpus_takes_a_node_that_joins_mid_job(
     two_node_cluster, tmp_path, monkeypatch
 ):
