@@ -23,7 +23,8 @@ CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), 
 
 5. ``VLM_ENGINE=endpoint``: ``vllm serve`` on the same tiny model (127.0.0.1, a free port, stopped by its
    process group), then ``vlm_model`` (the endpoint registered), ``captions`` and ``structured_events``
-   through the assets: every segment captioned by the server with the frames as image parts, every caption
+   through the assets: every segment captioned by the server with the in-job engines' request (one video part,
+   its timing as ``video_metadata``: VLM_ENDPOINT_VIDEO), every caption
    structured with the use case's JSON schema as ``response_format``.
 
 6. served: under the Ray service `video-assets ray up` starts (loopback, the instance's token), the caption
@@ -432,6 +433,7 @@ def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> di
             engine="endpoint",
             endpoint_url=base,
             endpoint_model=SERVED_NAME,
+            endpoint_video=True,  # vLLM's server takes the in-job engines' request: one video, its timing
             cache_dir=str(work / "cache"),
             max_new_tokens=16,
         )
@@ -448,7 +450,11 @@ def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> di
             check(result.success, "captions through the endpoint")
             meta = result.asset_materializations_for_node("captions")[0].metadata
             service = meta["engine_service"].value
-            check(service == {"mode": "endpoint", "url": base, "model": SERVED_NAME}, f"engine_service {service}")
+            sent = "one video part (VLM_ENDPOINT_VIDEO)"
+            check(
+                service == {"mode": "endpoint", "url": base, "model": SERVED_NAME, "request": sent},
+                f"engine_service {service}",
+            )
             t0 = time.perf_counter()
             check(structure(instance, res, key).success, "structured_events through the endpoint")
             times["endpoint_structuring_s"] = time.perf_counter() - t0
