@@ -87,7 +87,6 @@ PRIVATE_ALLOWED = {
     ("video_assets/defs/orphans.py", "dagster._core.storage.runs.sqlite"): "runs whose process died (SQLite)",
     ("video_assets/core/captioning/job.py", "ray._private"): "an unnamed actor's node without the dashboard",
     ("video_assets/core/serving/llm.py", "ray.llm._internal.batch.stages.serve_deployment_stage"): "JSON requests",
-    ("video_assets/core/serving/captioner.py", "ray.serve._private.constants"): "Serve's controller name",
     ("video_assets/core/inference/vllm.py", "get_stage_by_name"): "bounded retries of the vLLM stage",
     ("video_assets/core/serving/llm.py", "get_stage_by_name"): "the Serve stage's JSON UDF and 0 CPUs",
 }

@@ -263,33 +263,20 @@ class CaptionerReplica:
         }
 
 
-def _serve_running() -> bool:
-    """Whether Serve's controller runs on the connected Ray (asked without starting one)."""
-    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
-
-    try:
-        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-        return True
-    except ValueError:
-        return False
-
-
 DEFAULT_HTTP = {"host": "127.0.0.1", "port": 8100}  # resources.settings.serve_http: VIDEO_SERVE_HOST / _PORT
 
 
 def start_serve(http: dict | None = None) -> None:
-    """Serve on the connected Ray unless it runs there already (a user's cluster keeps its own proxy
-    settings), its HTTP proxy on the head node only, at ``http``'s host and port (loopback by default)."""
-    if not _serve_running():
-        http = {**DEFAULT_HTTP, **{k: v for k, v in (http or {}).items() if k in ("host", "port")}}
-        serve.start(proxy_location="HeadOnly", http_options={"host": http["host"], "port": int(http["port"])})
+    """Serve on the connected Ray, its HTTP proxy on the head node only, at ``http``'s host and port (loopback
+    by default). A Serve that runs already (the Ray service's, another step's, a user's cluster's) keeps its
+    own proxy settings: Serve ignores new ones, with a warning (``deploy`` then checks the proxy answers)."""
+    http = {**DEFAULT_HTTP, **{k: v for k, v in (http or {}).items() if k in ("host", "port")}}
+    serve.start(proxy_location="HeadOnly", http_options={"host": http["host"], "port": int(http["port"])})
 
 
 def app_status(name: str) -> str | None:
-    """The Serve application's status (RUNNING, DEPLOYING, ...), or None when it is not deployed."""
-
-    if not _serve_running():
-        return None
+    """The Serve application's status (RUNNING, DEPLOYING, ...), or None when it is not deployed (or Serve is
+    not running: its status is then empty, and nothing is started)."""
     app = serve.status().applications.get(name)
     return None if app is None else str(getattr(app.status, "value", app.status))
 
@@ -475,10 +462,6 @@ def retire_idle(keep: str) -> list[str]:
 
 def replicas(name: str) -> int:
     """How many replicas of application ``name`` run now (0 when scaled to zero or not deployed)."""
-    from ray import serve
-
-    if not _serve_running():
-        return 0
     app = serve.status().applications.get(name)
     deployment = app.deployments.get(DEPLOYMENT) if app is not None else None
     return int(deployment.replica_states.get("RUNNING", 0)) if deployment is not None else 0
