@@ -89,7 +89,21 @@ PRIVATE_ALLOWED = {
     ("video_assets/core/serving/llm.py", "ray.llm._internal.batch.stages.serve_deployment_stage"): "JSON requests",
     ("video_assets/core/inference/vllm.py", "get_stage_by_name"): "bounded retries of the vLLM stage",
     ("video_assets/core/serving/llm.py", "get_stage_by_name"): "the Serve stage's JSON UDF and 0 CPUs",
+    ("video_assets/core/inference/model_cache.py", "stages[...] ="): "vLLM stages fetch the model on their node",
+    ("resources/ray_cluster.py", "dagster_ray.utils._process_dagster_env_vars"): "EnvVar values in ray_init_options",
 }
+
+
+def _is_stage_slot(target) -> bool:
+    """``<...>stages[<name>] = ...``: a built processor's stage replaced."""
+    import ast
+
+    if not isinstance(target, ast.Subscript):
+        return False
+    owner = target.value
+    return (isinstance(owner, ast.Name) and owner.id == "stages") or (
+        isinstance(owner, ast.Attribute) and owner.attr == "stages"
+    )
 
 
 def private_uses(root: Path = ROOT) -> set[tuple[str, str]]:
@@ -106,7 +120,11 @@ def private_uses(root: Path = ROOT) -> set[tuple[str, str]]:
                 if isinstance(node, ast.Import):
                     modules = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    modules = [node.module]
+                    # a private name of a public module counts too (``from dagster_ray.utils import _x``)
+                    modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_"))]
+                elif isinstance(node, ast.Assign) and any(_is_stage_slot(t) for t in node.targets):
+                    found.add((rel, "stages[...] ="))
+                    continue
                 else:
                     continue
                 for module in modules:
@@ -123,9 +141,14 @@ def test_the_private_api_checker_finds_a_new_private_import(tmp_path):
     (tmp_path / "resources").mkdir()
     (tmp_path / "video_assets" / "m.py").write_text("def f():\n    from ray._private import state\n")
     (tmp_path / "resources" / "r.py").write_text("def g(p):\n    p.get_stage_by_name('x').fn = None\n")
+    (tmp_path / "resources" / "s.py").write_text(
+        "from dagster_ray.utils import _hidden\n\ndef h(p):\n    p.stages['x'] = 1\n"
+    )
     assert private_uses(tmp_path) == {
         ("video_assets/m.py", "ray._private"),
         ("resources/r.py", "get_stage_by_name"),
+        ("resources/s.py", "dagster_ray.utils._hidden"),
+        ("resources/s.py", "stages[...] ="),
     }
 
 
