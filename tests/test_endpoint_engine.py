@@ -100,7 +100,9 @@ def test_captions_and_structuring_through_an_openai_compatible_endpoint(
         assert result.success
         meta = result.asset_materializations_for_node("captions")[0].metadata
         assert meta["engine"].value == "endpoint" and meta["error_rows"].value == 0
-        assert meta["engine_service"].value == {"mode": "endpoint", "url": stub.base_url, "model": "stub-vlm"}
+        images_sent = "image parts, times in the text (the endpoint takes no video: VLM_ENDPOINT_VIDEO off)"
+        service = {"mode": "endpoint", "url": stub.base_url, "model": "stub-vlm", "request": images_sent}
+        assert meta["engine_service"].value == service
         caps = pl.read_delta(res["tables"].table_uri("captions")).sort("uri")
         assert caps.height == len(CLIPS) and (caps["status"] == "ok").all() and (caps["prose"] == CAPTION).all()
         assert (caps["output_tokens"] == 1).all()  # the server's own usage count
