@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from video_assets.core.media import frames
-
 
 @dataclass
 class CaptionRequest:
@@ -141,6 +139,8 @@ def video_data_url(jpegs: Sequence[bytes]) -> str:
 def request_jpegs(request: CaptionRequest) -> list[bytes]:
     """The request's frames as JPEGs: as the job's CPU stage encoded them (put in the request unchanged),
     else a pixel array encoded here; ValueError when malformed."""
+    from video_assets.core.media import frames  # here: the GPU check imports this module with torch alone
+
     if frames.is_encoded(request.frames):
         if len(request.frames) != len(request.timestamps):
             raise ValueError(f"{len(request.frames)} frames but {len(request.timestamps)} timestamps")
@@ -242,6 +242,8 @@ class VideoChat:
             messages.append({"role": m.get("role", "user"), "content": parts})
         if videos > 1 or not jpegs:
             raise ValueError(f"expected one video (or its frames as images), got {videos} videos, {len(jpegs)} frames")
+        from video_assets.core.media import frames
+
         pixels = frames.decode(jpegs)
         metadata = (body.get("mm_processor_kwargs") or {}).get("video_metadata") or video_metadata(
             [float(i) for i in range(len(pixels))]
