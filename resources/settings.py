@@ -314,8 +314,10 @@ def serve_http() -> dict:
     the base URL steps send to (VIDEO_SERVE_URL, default http://host:port: set it to the head node's or a
     RayService's address when the workers are elsewhere), and the bearer key (VIDEO_SERVE_API_KEY, else this
     instance's key file, made 0600 under DAGSTER_HOME). Replicas are given only the key's digest."""
-    host = os.environ.get("VIDEO_SERVE_HOST", "").strip() or "127.0.0.1"
-    raw = os.environ.get("VIDEO_SERVE_PORT", "").strip() or "8100"
+    from video_assets.core.serving.captioner import DEFAULT_HTTP  # the defaults: one place
+
+    host = os.environ.get("VIDEO_SERVE_HOST", "").strip() or DEFAULT_HTTP["host"]
+    raw = os.environ.get("VIDEO_SERVE_PORT", "").strip() or str(DEFAULT_HTTP["port"])
     try:
         port = int(raw)
         if not 0 < port < 65536:

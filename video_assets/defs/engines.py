@@ -254,9 +254,9 @@ def make_structurer(
     if warm is not None and warm.engine.name == "transformers" and settings.model == CAPTIONER:
         from video_assets.core.structuring.engines import EndpointStructurer
 
-        deploy(warm)  # the captions step's application, on its route (deployed again if it was retired)
         if connect_ray is not None:
-            connect_ray()  # the requests go through a Ray Data job
+            connect_ray()  # the deploy, and the requests: a Ray Data job
+        deploy(warm)  # the captions step's application, on its route (deployed again if it was retired)
         return EndpointStructurer(served_endpoint(warm), name="transformers (served caption model)")
     from video_assets.core.structuring.engines import TransformersStructurer
 

@@ -120,6 +120,12 @@ def structure_request(request_id: str, body: dict):
     return StructureRequest(request_id, _text_messages(body), schema, int(limit))
 
 
+def key_sha256(key: str) -> str:
+    """What a replica is given of the serve key: its digest (a Serve config holds no secret).
+    Defined above the replica class: ``serve.ingress`` ships the class with the globals it sees then."""
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""
+
+
 @serve.ingress(api)
 class CaptionerReplica:
     """One replica: the engine loaded once (its model fetched and verified on this node), then every caption,
@@ -174,8 +180,7 @@ class CaptionerReplica:
         if not self._key:
             return True
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        digest = hashlib.sha256(token.strip().encode()).hexdigest()
-        return scheme.lower() == "bearer" and hmac.compare_digest(digest, self._key)
+        return scheme.lower() == "bearer" and hmac.compare_digest(key_sha256(token.strip()), self._key)
 
     @api.get("/v1/models")
     async def models(self, request: Request):
@@ -263,15 +268,25 @@ class CaptionerReplica:
         }
 
 
-DEFAULT_HTTP = {"host": "127.0.0.1", "port": 8100}  # resources.settings.serve_http: VIDEO_SERVE_HOST / _PORT
+DEFAULT_HTTP = {"host": "127.0.0.1", "port": 8100}  # unless VIDEO_SERVE_HOST / _PORT (resources.settings.serve_http)
+
+
+def _proxy(http: dict | None) -> dict:
+    """Serve's HTTP proxy options (host, port) from ``http`` (a spec's ``serve``), the defaults where unset."""
+    http = {**DEFAULT_HTTP, **{k: v for k, v in (http or {}).items() if k in ("host", "port")}}
+    return {"host": http["host"], "port": int(http["port"])}
+
+
+def _base_url(spec: JobSpec) -> str:
+    """Where steps reach Serve's HTTP proxy (``spec.serve``'s url, else the default proxy's address)."""
+    return str(spec.serve.get("url") or f"http://{DEFAULT_HTTP['host']}:{DEFAULT_HTTP['port']}").rstrip("/")
 
 
 def start_serve(http: dict | None = None) -> None:
     """Serve on the connected Ray, its HTTP proxy on the head node only, at ``http``'s host and port (loopback
     by default). A Serve that runs already (the Ray service's, another step's, a user's cluster's) keeps its
     own proxy settings: Serve ignores new ones, with a warning (``deploy`` then checks the proxy answers)."""
-    http = {**DEFAULT_HTTP, **{k: v for k, v in (http or {}).items() if k in ("host", "port")}}
-    serve.start(proxy_location="HeadOnly", http_options={"host": http["host"], "port": int(http["port"])})
+    serve.start(proxy_location="HeadOnly", http_options=_proxy(http))
 
 
 def app_status(name: str) -> str | None:
@@ -323,18 +338,12 @@ def _application(spec: JobSpec, key_digest: str | None = None):
     )
 
 
-def key_sha256(key: str) -> str:
-    """What a replica is given of the serve key: its digest (a Serve config holds no secret)."""
-    return hashlib.sha256(key.encode()).hexdigest() if key else ""
-
-
 def served_endpoint(spec: JobSpec) -> dict:
     """``core.inference.endpoint.Endpoint`` fields of ``spec``'s caption application's OpenAI route: what the
     captions job, structuring, frame descriptions and chat send to, as to any endpoint that takes video."""
     name = app_name(spec)
-    base = str(spec.serve.get("url") or f"http://{DEFAULT_HTTP['host']}:{DEFAULT_HTTP['port']}").rstrip("/")
     return {
-        "url": f"{base}/{name}/v1",
+        "url": f"{_base_url(spec)}/{name}/v1",
         "model": name,
         "api_key": spec.serve.get("api_key", ""),
         "timeout_s": spec.request_timeout_s,
@@ -360,7 +369,7 @@ def _check_proxy(spec: JobSpec, timeout_s: float = 10.0) -> None:
     import urllib.error
     import urllib.request
 
-    base = served_endpoint(spec)["url"].rsplit("/", 2)[0]
+    base = _base_url(spec)
     try:
         urllib.request.urlopen(f"{base}/-/healthz", timeout=timeout_s).close()
     except urllib.error.HTTPError:
@@ -427,8 +436,7 @@ def serve_config(spec: JobSpec) -> dict:
     """A Serve config file (``serve deploy`` / ``serve run`` / a RayService's ``serveConfigV2``) holding
     ``spec``'s caption application under the name the steps look for, at its route: a step that finds it
     running uses it as it is instead of deploying its own."""
-    http = {**DEFAULT_HTTP, **{k: v for k, v in spec.serve.items() if k in ("host", "port")}}
-    return config_file(app_name(spec), BUILDER, spec_args(spec), route=True, http=http)
+    return config_file(app_name(spec), BUILDER, spec_args(spec), route=True, http=spec.serve)
 
 
 def config_file(name: str, import_path: str, args: dict, route: bool = False, http: dict | None = None) -> dict:
@@ -437,8 +445,7 @@ def config_file(name: str, import_path: str, args: dict, route: bool = False, ht
     app = {"name": name, "route_prefix": f"/{name}" if route else None, "import_path": import_path, "args": args}
     if not route:
         return {"proxy_location": "Disabled", "applications": [app]}
-    proxy = {"host": http["host"], "port": int(http["port"])} if http else dict(DEFAULT_HTTP)
-    return {"proxy_location": "HeadOnly", "http_options": proxy, "applications": [app]}
+    return {"proxy_location": "HeadOnly", "http_options": _proxy(http), "applications": [app]}
 
 
 def retire_idle(keep: str) -> list[str]:
