@@ -39,16 +39,38 @@ def _videos(names):
     ]
 
 
-@pytest.fixture
-def local_ray(dagster_home):
+@pytest.fixture(scope="module")
+def _module_ray(tmp_path_factory):
+    """One embedded Ray and Serve for this module's tests (its start-up paid once): the product's embedded
+    Ray, token authentication on, under an instance home of the module's own."""
     from ray import serve
 
-    ray.shutdown()  # an earlier in-process step may have left this process connected to its Ray
-    with embedded_ray_auth():  # the product's embedded Ray: token authentication on
-        ray.init(num_cpus=2, include_dashboard=False)
-        yield
-        serve.shutdown()
-        ray.shutdown()
+    home = tmp_path_factory.mktemp("served") / "dagster_home"
+    home.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_HOME", str(home))
+        ray.shutdown()  # an earlier in-process step may have left this process connected to its Ray
+        with embedded_ray_auth():
+            ray.init(num_cpus=2, include_dashboard=False)
+            try:
+                yield home
+            finally:
+                serve.shutdown()
+                ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(_module_ray, monkeypatch):
+    """The module's Ray and Serve, with no application left by an earlier test (each test counts its own
+    replicas and model loads)."""
+    from ray import serve
+
+    monkeypatch.setenv("DAGSTER_HOME", str(_module_ray))
+    if not ray.is_initialized():
+        pytest.fail("this module's Ray was shut down by an earlier test")
+    yield
+    for name in list(serve.status().applications):
+        serve.delete(name)
 
 
 def _spec(tiny_model, idle_s: float, **vlm):

@@ -359,27 +359,43 @@ def deploy(spec: JobSpec) -> str:
     application of that name is this model with these settings). The first replica loads the model before
     this returns, and its route answers (``served_endpoint``), or a RuntimeError names the settings."""
     name = run_once(app_name(spec), lambda: _application(spec), retire_idle, http=spec.serve)
-    _check_proxy(spec)
+    _check_route(spec)
     return name
 
 
-def _check_proxy(spec: JobSpec, timeout_s: float = 10.0) -> None:
-    """Serve's HTTP proxy answers at the URL steps send to (its own health route: a replica busy with another
-    step's batch does not delay it), or a RuntimeError names the settings."""
+def _check_route(spec: JobSpec, timeout_s: float = 60.0) -> None:
+    """Serve's HTTP proxy routes ``/<application>`` at the URL steps send to, or a RuntimeError names the
+    settings. Asked of the proxy's own route table (``/-/routes``: a replica busy with another step's batch,
+    or scaled to zero, does not delay it). ``serve.run`` returns when the replica is up, but the proxy learns
+    new routes asynchronously: on a loaded machine the first requests got 404 for seconds, so this waits
+    (bounded) until the route is listed."""
+    import json
+    import time
     import urllib.error
     import urllib.request
 
-    base = _base_url(spec)
-    try:
-        urllib.request.urlopen(f"{base}/-/healthz", timeout=timeout_s).close()
-    except urllib.error.HTTPError:
-        return  # the proxy answered
-    except OSError as exc:
-        raise RuntimeError(
-            f"the served caption model {app_name(spec)} runs, but Serve's HTTP proxy does not answer at {base} "
-            f"({exc.__class__.__name__}: {exc}): set VIDEO_SERVE_URL / VIDEO_SERVE_HOST / VIDEO_SERVE_PORT to where it "
-            "listens (Serve keeps the proxy settings it was first started with), or restart the Ray service"
-        ) from None
+    base, prefix = _base_url(spec), f"/{app_name(spec)}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/-/routes", timeout=10) as answer:
+                routes = json.loads(answer.read() or b"{}")
+        except urllib.error.HTTPError:
+            routes = {}  # the proxy answered, without a route table yet (503 until the controller sends one)
+        except OSError as exc:
+            raise RuntimeError(
+                f"the served caption model {app_name(spec)} runs, but Serve's HTTP proxy does not answer at {base} "
+                f"({exc.__class__.__name__}: {exc}): set VIDEO_SERVE_URL / VIDEO_SERVE_HOST / VIDEO_SERVE_PORT to "
+                "where it listens (Serve keeps the proxy settings it was first started with), or restart the Ray service"
+            ) from None
+        if prefix in routes:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"Serve's HTTP proxy at {base} does not route {prefix} {timeout_s:.0f} s after the application started "
+                f"(it routes {sorted(routes)}): is VIDEO_SERVE_URL another Serve's proxy?"
+            )
+        time.sleep(0.2)
 
 
 def run_once(name: str, application, retire, http: dict | None = None, route: bool = True) -> str:
