@@ -132,10 +132,14 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The suite a change is checked with (docs/testing.md has its time): every test but the end-to-end ones.
+# The suite a change is checked with (docs/testing.md has its time): every test but the end-to-end ones
+# and the vLLM ones (their own environment: make test-vllm-cpu), a test file to a worker on TEST_WORKERS
+# processes (pytest-xdist; each worker starts its own session Ray): most tests wait on subprocess, Ray and
+# model start-ups, which overlap. TEST_WORKERS=0 runs in one process.
 # Every run writes artifacts/junit.xml (each test's result and duration); `make slowest` lists the slowest.
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/pytest -m 'not e2e' --junitxml=artifacts/junit.xml $(PYTEST_ARGS)
+	$(BIN)/pytest -m 'not e2e and not vllm' -n $(TEST_WORKERS) --dist loadfile --junitxml=artifacts/junit.xml $(PYTEST_ARGS)
 
 # The end-to-end tests (marker e2e, about 7 min): the CLI in subprocesses, a run SIGKILLed mid-step, and
 # the daemon-driven flow with the browser test. CI's .ci/run runs them after `make test`.
