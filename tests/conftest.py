@@ -20,9 +20,11 @@ __all__ = ["BUNDLED", "REPO", "SAMPLES", "SHARED_SAMPLES", "copy_samples"]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; tests use the locally built tiny model
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
-# The served caption model's route (Serve's HTTP proxy) on a port of this run's own: a second suite or the
-# vLLM check beside it (CI runs them side by side) starts its own Serve.
-os.environ.setdefault("VIDEO_SERVE_PORT", str(free_port()))
+# The served caption model's route (Serve's HTTP proxy) on a port of this process's own: a second suite, the
+# vLLM tests beside it (CI runs them side by side) or another xdist worker starts its own Serve. Set, not
+# defaulted: a worker inherits the controller's environment, and Serve's proxy binds with SO_REUSEPORT, so
+# two workers' proxies on one port shared its connections (requests answered 404 by the other's proxy).
+os.environ["VIDEO_SERVE_PORT"] = str(free_port())
 
 
 @pytest.hookimpl(tryfirst=True)

