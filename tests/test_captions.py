@@ -9,9 +9,9 @@ from dagster import AssetKey, materialize
 from resources.mlflow_registry import MlflowRegistry
 from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
+from tests.fixtures.batches import materialize_slice
 from tests.fixtures.samples import copy_samples
 from video_assets.defs.captioning.assets import captions
-from video_assets.defs.captioning.checks import captioning_checks as caption_checks
 from video_assets.defs.ingest.assets import raw_videos, video_metadata
 from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.models.assets import caption_prompt, vlm_model
@@ -45,14 +45,7 @@ def test_captions_for_a_batch_with_a_corrupt_file(
     (volume_dir / "chaplin.mp4").write_bytes(b"\x00" * 1000)
 
     def caption():
-        result = materialize(
-            [captions, vlm_model, caption_prompt, raw_videos, video_metadata, *caption_checks],
-            selection=[captions, *caption_checks],
-            partition_key=key,
-            instance=instance,
-            resources=res,
-            run_config=RUN_CONFIG,
-        )
+        result = materialize_slice([captions], key, instance=instance, resources=res, run_config=RUN_CONFIG)
         assert result.success
         checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
         assert checks == {
