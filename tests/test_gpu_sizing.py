@@ -106,6 +106,27 @@ def test_auto_asks_a_gpu_node_of_the_cluster_whether_vllm_is_there(own_ray, monk
     assert engines.engine_name(VlmSettings(cache_dir="/tmp", engine="auto")) == "transformers"
 
 
+def test_auto_structuring_asks_the_cluster_the_steps_join_not_this_process(own_ray, monkeypatch, tiny_model):
+    """STRUCTURER_ENGINE=auto with Dagster outside the cluster (RAY_ADDRESS) and no vLLM in this process: the
+    cluster is still asked (its GPU workers may have vLLM); here its GPU node has none, so transformers."""
+    from resources.structurer import StructurerSettings
+    from video_assets.core.inference import vllm_importable
+    from video_assets.core.inference.model_cache import ModelFiles
+    from video_assets.defs.engines import cluster_gpus, make_structurer
+
+    assert not vllm_importable()  # .venv: the step process has no vLLM
+    own_ray(num_cpus=1, num_gpus=2)
+    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)  # steps join this cluster
+    asked = []
+
+    def connect_ray():
+        asked.append(True)
+        return cluster_gpus()
+
+    structurer = make_structurer(StructurerSettings(engine="auto"), ModelFiles(str(tiny_model)), connect_ray)
+    assert asked == [True] and structurer.name == "transformers"
+
+
 def test_vllm_env_vars_extend_what_the_step_forwards_to_a_served_engine(own_ray, monkeypatch):
     """Ray Serve LLM sets a replica's runtime_env to the caller's with the engine's keys over it: an
     ``env_vars`` of the engine's own would drop the forwarded stores, MLflow and hub variables. (The served

@@ -217,8 +217,8 @@ def make_structurer(
     """The engine for ``settings`` (the captioning model's files when model is 'captioner').
 
     ``connect_ray()`` connects to Ray through the step's Ray resource and returns the cluster's GPU
-    count; it is called only when vLLM could run (asked for, or ``auto`` with vLLM installed), so the
-    CPU default never starts Ray for structuring. Without it, the GPUs this process sees decide.
+    count; it is called only when vLLM could run (asked for, or ``auto`` with vLLM installed here or a Ray
+    that outlives the steps to ask), so the CPU default never starts Ray for structuring. Without it, the GPUs this process sees decide.
     ``warm``: the captions step's served engine (the step joined a Ray that outlives it); the
     'captioner' structurer on transformers then runs on that replica's loaded model, on its device,
     instead of loading the model again here. ``endpoint``: the captioning model is an endpoint
@@ -240,7 +240,9 @@ def make_structurer(
     model = files.path if settings.model == CAPTIONER else settings.model
     requested = (settings.engine or "auto").strip().lower()
     gpus = None
-    if requested == "vllm" or (requested == "auto" and vllm_importable()):
+    # auto asks the cluster when vLLM could run there: this process has it, or steps join a Ray that outlives
+    # them (RAY_ADDRESS, `ray up`), whose GPU workers may have it whatever this (CPU-only) process has.
+    if requested == "vllm" or (requested == "auto" and (vllm_importable() or ray_outlives_steps())):
         gpus = connect_ray() if connect_ray is not None else cluster_gpus()
     if choose_engine_name(settings.engine, gpus=gpus, has_vllm=cluster_has_vllm) == "vllm":
         if warm is not None and warm.engine.name == "vllm" and settings.model == CAPTIONER:
