@@ -135,21 +135,20 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The suite a change is checked with (docs/testing.md has its time): every test but the end-to-end and
-# cluster ones (make test-e2e) and the vLLM ones (their own environment: make test-vllm-cpu), a test file to a worker on TEST_WORKERS
+# The suite a change is checked with (docs/testing.md has its time): every test but the end-to-end ones
+# (make test-e2e) and the vLLM ones (their own environment: make test-vllm-cpu), a test file to a worker on TEST_WORKERS
 # processes (pytest-xdist; each worker starts its own session Ray): most tests wait on subprocess, Ray and
 # model start-ups, which overlap. TEST_WORKERS=0 runs in one process.
 # Every run writes artifacts/junit.xml (each test's result and duration); `make slowest` lists the slowest.
 TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/pytest -m 'not e2e and not cluster and not vllm' -n $(TEST_WORKERS) --dist loadfile --junitxml=artifacts/junit.xml $(PYTEST_ARGS)
+	$(BIN)/pytest -m 'not e2e and not vllm' -n $(TEST_WORKERS) --dist loadfile --junitxml=artifacts/junit.xml $(PYTEST_ARGS)
 
-# The end-to-end tests (marker e2e): the CLI in subprocesses, a run SIGKILLed mid-step, and the daemon-driven
-# flow with the browser test; and the cluster tests (marker cluster): loopback Ray clusters of their own
-# (nodes that join mid-job, a clean-environment worker node, the `ray up` service, 8 logical GPUs). On
-# TEST_WORKERS processes, like make test. CI's .ci/run runs them after `make test`.
+# The end-to-end tests (marker e2e, one process): the CLI in subprocesses, a run SIGKILLed mid-step, and the
+# daemon-driven flow with the browser test. CI's .ci/run runs them after `make test`, beside make test-vllm-cpu.
+# Not on two workers: beside the vLLM tests that overloaded two cores (the daemon flow passed its 900 s bound).
 test-e2e: $(BIN)/.installed
-	$(BIN)/pytest -m 'e2e or cluster' -n $(TEST_WORKERS) --dist loadfile --junitxml=artifacts/junit-e2e.xml $(PYTEST_ARGS)
+	$(BIN)/pytest -m e2e --junitxml=artifacts/junit-e2e.xml $(PYTEST_ARGS)
 
 # The 20 slowest tests of the last `make test` / `make test-e2e` / `make test-vllm-cpu` (their junit files).
 slowest: $(BIN)/.installed

@@ -156,7 +156,6 @@ CLIPS = ("realshort.mp4", "asl_eat.mkv", "carphone_distorted.mp4", "chaplin.mp4"
 GPUS = 8
 
 
-@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_eight_engines_each_on_one_gpu_for_a_batch_of_fewer_batches(own_ray, monkeypatch, tiny_model):

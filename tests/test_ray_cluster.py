@@ -33,7 +33,6 @@ from video_assets.defs.ingest.registration import register_new_files
 from video_assets.defs.models.assets import caption_prompt, vlm_model
 from video_assets.defs.partitions import video_batches
 
-pytestmark = pytest.mark.cluster  # their own multi-node cluster: make test-e2e runs them, make test does not
 RAY = str(Path(sys.executable).parent / "ray")
 
 

@@ -60,7 +60,6 @@ def _replicas(address) -> list[dict]:
             ray.shutdown()
 
 
-@pytest.mark.cluster
 @pytest.mark.slow
 def test_steps_join_the_service_and_reuse_its_warm_engine(
     instance, resources, volume_dir, tiny_model_cache, tmp_path, monkeypatch
