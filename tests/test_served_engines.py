@@ -60,12 +60,11 @@ def _module_ray(tmp_path_factory):
 
 
 @pytest.fixture
-def local_ray(_module_ray, monkeypatch):
+def local_ray(_module_ray):
     """The module's Ray and Serve, with no application left by an earlier test (each test counts its own
     replicas and model loads)."""
     from ray import serve
 
-    monkeypatch.setenv("DAGSTER_HOME", str(_module_ray))
     if not ray.is_initialized():
         pytest.fail("this module's Ray was shut down by an earlier test")
     yield

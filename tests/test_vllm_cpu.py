@@ -311,11 +311,11 @@ def test_a_node_without_the_steps_model_folder_fetches_it(in_job, work: Path):
 
 def test_a_poison_batch_is_tried_a_bounded_number_of_times_then_error_rows(in_job, work: Path):
     """Step 4 (after 3b: it replaces the captions with error rows)."""
-    _, poisoned = poison_batch(in_job["instance"], in_job["res"], in_job["key"], work)
+    poisoned = poison_batch(in_job["instance"], in_job["res"], in_job["key"], work)
     print(f"poison batch: {len(poisoned)} error rows, job finished")
 
 
-def caption_from_node_caches(res: dict, work: Path, num_cpus: int) -> float:
+def caption_from_node_caches(res: dict, work: Path, num_cpus: int) -> None:
     """The vLLM job with the step's model folder on no node (a cluster without a shared filesystem, or a node
     that joined after the step started): each stage fetches the registered model on its own node as it
     starts, the engine all of it, Ray's CPU stages only its small files. Real vLLM stage actors, one node
@@ -339,7 +339,6 @@ def caption_from_node_caches(res: dict, work: Path, num_cpus: int) -> float:
         .select("video_id", "batch_key", "uri", "duration_s", "rotation")
         .to_dicts()
     )
-    t0 = time.perf_counter()
     ray.init(num_cpus=num_cpus, include_dashboard=False)
     try:
         rows = list(caption_rows(videos, spec))
@@ -349,10 +348,9 @@ def caption_from_node_caches(res: dict, work: Path, num_cpus: int) -> float:
     cached = node_cache_path(files.artifact_uri, files.cache_dir)
     check((cached / COMPLETE).exists(), f"the engine did not fetch the whole model into {cached}")
     check(bool(list(cached.rglob("*.safetensors"))), f"no weights in {cached}")
-    return time.perf_counter() - t0
 
 
-def poison_batch(instance, res: dict, key: str, work: Path) -> tuple[float, list[dict]]:
+def poison_batch(instance, res: dict, key: str, work: Path) -> list[dict]:
     """Captions again with every engine request failing fatally: bounded tries, a finished job, error rows."""
     import polars as pl
 
@@ -360,9 +358,7 @@ def poison_batch(instance, res: dict, key: str, work: Path) -> tuple[float, list
 
     (work / "tries").mkdir()
     (work / "poison").touch()
-    t0 = time.perf_counter()
     result = caption(instance, res, key, recaption=True)
-    took = time.perf_counter() - t0
     (work / "poison").unlink()
     check(result.success, "captions with a poison engine: the job did not finish")
     caps = pl.read_delta(str(work / "tables" / "captions")).filter(~pl.col("uri").str.ends_with(DAMAGED))
@@ -375,7 +371,7 @@ def poison_batch(instance, res: dict, key: str, work: Path) -> tuple[float, list
         tries <= len(engines) <= tries * caps.height,
         f"{len(engines)} engine processes tried the poison batches of {caps.height} segments (expected {tries} per batch)",
     )
-    return took, caps.to_dicts()
+    return caps.to_dicts()
 
 
 SERVED_NAME = "tiny-endpoint"
@@ -457,7 +453,6 @@ def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> di
     for name in CLIPS:
         shutil.copyfile(ROOT / "samples" / name, work / "volume" / name)
     proc, base = start(model, work)
-    times = {}
     try:
         res = resources(model, work, num_cpus)
         res["vlm"] = VlmSettings(
@@ -473,11 +468,9 @@ def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> di
             [key] = register_new_files(res["volume"], res["tables"]).batches
             instance.add_dynamic_partitions(video_batches.name, [key])
             check(materialize([vlm_model, caption_prompt], instance=instance, resources=res).success, "vlm_model")
-            t0 = time.perf_counter()
             ingest = materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res)
             check(ingest.success, "raw_videos, video_metadata (endpoint)")
             result = caption(instance, res, key)
-            times["endpoint_captions_s"] = time.perf_counter() - t0
             check(result.success, "captions through the endpoint")
             meta = result.asset_materializations_for_node("captions")[0].metadata
             service = meta["engine_service"].value
@@ -486,13 +479,11 @@ def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> di
                 service == {"mode": "endpoint", "url": base, "model": SERVED_NAME, "request": sent},
                 f"engine_service {service}",
             )
-            t0 = time.perf_counter()
             check(structure(instance, res, key).success, "structured_events through the endpoint")
-            times["endpoint_structuring_s"] = time.perf_counter() - t0
         caps, events = captioned_and_structured(work, "endpoint")
     finally:
         stop_group(proc)
-    return {"times": times, "captions": caps.to_dicts(), "structured": events.to_dicts()}
+    return {"captions": caps.to_dicts(), "structured": events.to_dicts()}
 
 
 def captioned_and_structured(work: Path, engine: str):

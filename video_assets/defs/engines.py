@@ -218,7 +218,8 @@ def make_structurer(
 
     ``connect_ray()`` connects to Ray through the step's Ray resource and returns the cluster's GPU
     count; it is called only when vLLM could run (asked for, or ``auto`` with vLLM installed here or a Ray
-    that outlives the steps to ask), so the CPU default never starts Ray for structuring. Without it, the GPUs this process sees decide.
+    that outlives the steps to ask), so the CPU default never starts Ray for structuring. Without it, the
+    GPUs this process sees decide.
     ``warm``: the captions step's served engine (the step joined a Ray that outlives it); the
     'captioner' structurer on transformers then runs on that replica's loaded model, on its device,
     instead of loading the model again here. ``endpoint``: the captioning model is an endpoint

@@ -359,12 +359,12 @@ def deploy(spec: JobSpec) -> str:
     application of that name is this model with these settings). The first replica loads the model before
     this returns, and its route answers (``served_endpoint``), or a RuntimeError names the settings."""
     name = run_once(app_name(spec), lambda: _application(spec), retire_idle, http=spec.serve)
-    _check_route(spec)
+    _check_route(spec, name)
     return name
 
 
-def _check_route(spec: JobSpec, timeout_s: float = 60.0) -> None:
-    """Serve's HTTP proxy routes ``/<application>`` at the URL steps send to, or a RuntimeError names the
+def _check_route(spec: JobSpec, name: str, timeout_s: float = 60.0) -> None:
+    """Serve's HTTP proxy routes ``/<name>`` (``spec``'s application) at the URL steps send to, or a RuntimeError names the
     settings. Asked of the proxy's own route table (``/-/routes``: a replica busy with another step's batch,
     or scaled to zero, does not delay it). ``serve.run`` returns when the replica is up; the proxy learns
     routes from Serve's controller asynchronously, so this waits (bounded) until the route is listed."""
@@ -373,7 +373,7 @@ def _check_route(spec: JobSpec, timeout_s: float = 60.0) -> None:
     import urllib.error
     import urllib.request
 
-    base, prefix = _base_url(spec), f"/{app_name(spec)}"
+    base, prefix = _base_url(spec), f"/{name}"
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -383,7 +383,7 @@ def _check_route(spec: JobSpec, timeout_s: float = 60.0) -> None:
             routes = {}  # the proxy answered, without a route table yet (503 until the controller sends one)
         except OSError as exc:
             raise RuntimeError(
-                f"the served caption model {app_name(spec)} runs, but Serve's HTTP proxy does not answer at {base} "
+                f"the served caption model {name} runs, but Serve's HTTP proxy does not answer at {base} "
                 f"({exc.__class__.__name__}: {exc}): set VIDEO_SERVE_URL / VIDEO_SERVE_HOST / VIDEO_SERVE_PORT to "
                 "where it listens (Serve keeps the proxy settings it was first started with), or restart the Ray service"
             ) from None
