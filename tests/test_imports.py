@@ -86,9 +86,7 @@ PRIVATE_ALLOWED = {
     ("resources/settings.py", "ray._raylet"): "reload Ray's auth mode and token after the instance's settings change",
     ("video_assets/defs/orphans.py", "dagster._core.storage.runs.sqlite"): "runs whose process died (SQLite)",
     ("video_assets/core/captioning/job.py", "ray._private"): "an unnamed actor's node without the dashboard",
-    ("video_assets/core/serving/llm.py", "ray.llm._internal.batch.stages.serve_deployment_stage"): "JSON requests",
     ("video_assets/core/inference/vllm.py", "get_stage_by_name"): "bounded retries of the vLLM stage",
-    ("video_assets/core/serving/llm.py", "get_stage_by_name"): "the Serve stage's JSON UDF and 0 CPUs",
     ("video_assets/core/inference/model_cache.py", "stages[...] ="): "vLLM stages fetch the model on their node",
     ("resources/ray_cluster.py", "dagster_ray.utils._process_dagster_env_vars"): "EnvVar values in ray_init_options",
 }

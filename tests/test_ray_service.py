@@ -114,13 +114,14 @@ def test_steps_join_the_service_and_reuse_its_warm_engine(
         )["applications"]
         assert app["name"] == pids[1][0]["app"] and app["import_path"].endswith("captioner:build")
         assert str(tmp_path / "art") in app["args"]["engine"]["model"]["artifact_uri"]
-        # With vLLM it is the ray.serve.llm application the steps deploy: named by its own args (what the
-        # builder checks), the model folder the steps downloaded (on every node of this one-node Ray).
+        # With vLLM it is Ray Serve LLM's OpenAI application the steps deploy: named by its own args (what the
+        # builder checks), at its route, with the registered model's artifact each replica fetches on its node.
         written = _cli("ray", "serve-config", env={**env, "VLM_ENGINE": "vllm"})
         assert written.returncode == 0, written.stderr
         [app] = json.loads("".join(ln for ln in written.stdout.splitlines() if not ln.startswith("#")))["applications"]
         assert app["import_path"] == llm.BUILDER and app["name"] == llm.app_name(llm.spec_from_args(app["args"]))
-        assert app["args"]["vllm"]["model_source"].startswith(str(tiny_model_cache))
+        assert app["route_prefix"] == f"/{app['name']}"
+        assert str(tmp_path / "art") in app["args"]["model"]["artifact_uri"]
 
         # Structuring with the captioning model runs on the same warm engine (no second copy of the
         # model in the step) and decodes exactly what a structurer loaded in the step would.

@@ -18,6 +18,7 @@ from resources.vlm import VlmSettings
 from video_assets.core.captioning.job import caption_rows
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.media.sampling import SamplingConfig
+from video_assets.core.serving import engine_service
 from video_assets.core.serving.captioner import (
     app_name,
     app_status,
@@ -27,7 +28,6 @@ from video_assets.core.serving.captioner import (
     served_endpoint,
     stats,
 )
-from video_assets.core.serving.llm import engine_service
 from video_assets.defs.engines import job_spec
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"

@@ -23,18 +23,19 @@ CPU build accepts (``tests/fixtures/tiny_models.py::build_tiny_vlm_for_vllm``), 
    (``EngineDeadError``, on which Ray's stage exits its actor): the engine is started again, each batch is
    tried a bounded number of times, the job finishes, and every segment is an error row saying why.
 
-5. ``VLM_ENGINE=endpoint``: ``vllm serve`` on the same tiny model (127.0.0.1, a free port, stopped by its
-   process group), then ``vlm_model`` (the endpoint registered), ``captions`` and ``structured_events``
-   through the assets: every segment captioned by the server with the in-job engines' request (one video part,
-   its timing as ``video_metadata``: VLM_ENDPOINT_VIDEO), every caption
-   structured with the use case's JSON schema as ``response_format``.
-
-6. served: under the Ray service `video-assets ray up` starts (loopback, the instance's token), the caption
-   model's ``ray.serve.llm`` application deployed from its Serve config (``llm.serve_config``, run by
+5. served: under the Ray service `video-assets ray up` starts (loopback, the instance's token), the caption
+   model's Ray Serve LLM OpenAI application deployed from its Serve config (``llm.serve_config``, run by
    `serve run` as a cluster deploys configs; the steps deploy the same application themselves when none
-   runs), ``captions`` finds it by name and captions through its deployment handle (Ray Data LLM's Serve stage), ``structured_events`` structures on the same
-   application, ``video_summaries`` with ``LLM_BASE_URL=captioner`` chats with it, ``frames`` describes the
-   kept frames on it, and one replica is started in all (one model load); ``ray down`` leaves no process.
+   runs); its route refuses a request without the serve key; ``captions`` finds it by name and captions
+   through its OpenAI route (the endpoint transport, the request every engine gets: one video part, its
+   timing as ``video_metadata``), ``structured_events`` structures on the same route (the use case's JSON
+   schema as ``response_format``), ``video_summaries`` with ``LLM_BASE_URL=captioner`` chats with it,
+   ``frames`` describes the kept frames on it, and one replica is started in all (one model load, the model
+   fetched by the replica into its node's cache); ``ray down`` leaves no process.
+
+(``vllm serve`` as a ``VLM_ENGINE=endpoint`` endpoint was a step of its own: the served step sends the same
+requests to the same vLLM OpenAI serving code, and the endpoint engine's registration and failures are
+tested against a stub server in `make test`, tests/test_endpoint_engine.py.)
 
 Everything vLLM's CPU build needs is configuration (each resource's ``vllm`` setting), not code.
 
@@ -374,118 +375,6 @@ def poison_batch(instance, res: dict, key: str, work: Path) -> list[dict]:
     return caps.to_dicts()
 
 
-SERVED_NAME = "tiny-endpoint"
-
-
-def _start_server(cmd: list[str], work: Path, what: str, timeout_s: float):
-    """Start an OpenAI-compatible server (``cmd`` ending in its port) in a process group of its own: the
-    process and its base URL once ``GET /v1/models`` lists ``SERVED_NAME``; a failure quotes its log."""
-    import subprocess
-    import urllib.request
-
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    log_path = work / f"{what.replace(' ', '-').replace('.', '-')}.log"
-    proc = subprocess.Popen(cmd, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{cmd[-1]}/v1"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/models", timeout=2) as r:
-                if SERVED_NAME in r.read().decode():
-                    return proc, base
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_group(proc)
-            pytest.fail(f"{what} did not start:\n{log_path.read_text(errors='replace')[-3000:]}", pytrace=False)
-        time.sleep(1)
-
-
-def serve_tiny(model: Path, work: Path):
-    """``vllm serve`` of ``model`` on 127.0.0.1 (OpenAI-compatible), taking one video a prompt (the request every
-    engine gets: VLM_ENDPOINT_VIDEO). Through the API server module: the ``vllm`` command looks up a
-    distribution named vllm, and the CPU build's is vllm-cpu."""
-    from tests.fixtures.processes import free_port
-
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    cmd += ["--served-model-name", SERVED_NAME, "--dtype", "float32", "--max-model-len", "8192"]
-    cmd += ["--max-num-seqs", "4", "--limit-mm-per-prompt", '{"image": 0, "video": 1}']
-    cmd += ["--compilation-config", json.dumps(EAGER)]
-    return _start_server([*cmd, "--host", "127.0.0.1", "--port", str(free_port())], work, "vllm serve", 300)
-
-
-def stop_group(proc) -> None:
-    """The server and its engine process (its process group): SIGTERM, then SIGKILL; checked gone."""
-    import signal
-    import subprocess
-
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, 0)
-        os.killpg(proc.pid, signal.SIGKILL)  # a child outlived its parent
-    except ProcessLookupError:
-        pass
-
-
-def run_endpoint(model: Path, work: Path, num_cpus: int, start=serve_tiny) -> dict:
-    """Steps 5 and 6: the same assets with VLM_ENGINE=endpoint against the server ``start`` runs."""
-    from dagster import instance_for_test, materialize
-
-    from resources.structurer import StructurerSettings
-    from resources.vlm import VlmSettings
-    from video_assets.defs.ingest.assets import raw_videos, video_metadata
-    from video_assets.defs.ingest.registration import register_new_files
-    from video_assets.defs.models.assets import caption_prompt, vlm_model
-    from video_assets.defs.partitions import video_batches
-
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "volume").mkdir(exist_ok=True)
-    for name in CLIPS:
-        shutil.copyfile(ROOT / "samples" / name, work / "volume" / name)
-    proc, base = start(model, work)
-    try:
-        res = resources(model, work, num_cpus)
-        res["vlm"] = VlmSettings(
-            engine="endpoint",
-            endpoint_url=base,
-            endpoint_model=SERVED_NAME,
-            endpoint_video=True,  # vLLM's server takes the in-job engines' request: one video, its timing
-            cache_dir=str(work / "cache"),
-            max_new_tokens=16,
-        )
-        res["structurer"] = StructurerSettings(max_new_tokens=160, retry_max_new_tokens=8)
-        with instance_for_test() as instance:
-            [key] = register_new_files(res["volume"], res["tables"]).batches
-            instance.add_dynamic_partitions(video_batches.name, [key])
-            check(materialize([vlm_model, caption_prompt], instance=instance, resources=res).success, "vlm_model")
-            ingest = materialize([raw_videos, video_metadata], partition_key=key, instance=instance, resources=res)
-            check(ingest.success, "raw_videos, video_metadata (endpoint)")
-            result = caption(instance, res, key)
-            check(result.success, "captions through the endpoint")
-            meta = result.asset_materializations_for_node("captions")[0].metadata
-            service = meta["engine_service"].value
-            sent = "one video part (VLM_ENDPOINT_VIDEO)"
-            check(
-                service == {"mode": "endpoint", "url": base, "model": SERVED_NAME, "request": sent},
-                f"engine_service {service}",
-            )
-            check(structure(instance, res, key).success, "structured_events through the endpoint")
-        caps, events = captioned_and_structured(work, "endpoint")
-    finally:
-        stop_group(proc)
-    return {"captions": caps.to_dicts(), "structured": events.to_dicts()}
-
-
 def captioned_and_structured(work: Path, engine: str):
     """The caption and structured rows under ``work``, checked: every clip captioned ok by ``engine`` with
     text and token counts, every caption structured (parsed, retried or unparsed, with a raw output)."""
@@ -551,6 +440,7 @@ def run_served(model: Path, work: Path, num_cpus: int) -> dict:
             t0 = time.perf_counter()
             deployed = deploy_serve_config(res, info["address"], work)
             times["served_config_deploy_s"] = time.perf_counter() - t0
+            check_keyed_route(deployed)
             t0 = time.perf_counter()
             result = caption(instance, res, key)
             times["served_captions_s"] = time.perf_counter() - t0
@@ -628,13 +518,13 @@ def deploy_serve_config(res: dict, address: str, work: Path) -> str:
     from resources.settings import embedded_ray_auth
     from video_assets.core.serving import llm
     from video_assets.core.serving.captioner import app_status
-    from video_assets.defs.engines import resolve_caption_model, served_vllm_spec
+    from video_assets.defs.engines import resolve_caption_model, served_caption_spec
 
     with embedded_ray_auth():
         ray.init(address=address)
         try:
             model, _, _ = resolve_caption_model(res["mlflow_registry"], res["vlm"])
-            spec = served_vllm_spec(res["vlm"], model)
+            spec = served_caption_spec(res["vlm"], model)
             check(spec is not None and llm.served(spec), "the caption model is not servable on the service's Ray")
             config = llm.serve_config(spec)
         finally:
@@ -657,12 +547,34 @@ def deploy_serve_config(res: dict, address: str, work: Path) -> str:
     return app["name"]
 
 
+def check_keyed_route(app: str) -> None:
+    """The application's OpenAI route (Serve's HTTP proxy, where the steps send) lists the model for the
+    instance's serve key, and refuses a request without it (401)."""
+    import urllib.error
+    import urllib.request
+
+    from resources.settings import serve_http
+
+    http = serve_http()
+    url = f"{http['url'].rstrip('/')}/{app}/v1/models"
+    keyed = urllib.request.Request(url, headers={"Authorization": f"Bearer {http['api_key']}"})
+    with urllib.request.urlopen(keyed, timeout=30) as answer:
+        check(app in answer.read().decode(), f"{url} does not list {app} for the serve key")
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30)
+            check(False, f"{url} answered without the serve key ({headers})")
+        except urllib.error.HTTPError as exc:
+            check(exc.code == 401, f"{url} without the serve key: HTTP {exc.code}, not 401")
+
+
 def started_replicas(address: str, app: str) -> int:
-    """Replica actors of ``app`` ever started on the service's Ray (alive or dead): each loaded the model."""
+    """Replica actors of ``app``'s engine ever started on the service's Ray (alive or dead): each loaded the model."""
     import ray
     from ray._private import state
 
     from resources.settings import embedded_ray_auth
+    from video_assets.core.serving.llm import deployment_name
 
     with embedded_ray_auth():
         ray.init(address=address)
@@ -670,17 +582,10 @@ def started_replicas(address: str, app: str) -> int:
             actors = state.actors().values()
         finally:
             ray.shutdown()
-    return sum(1 for a in actors if a["ActorClassName"] == f"ServeReplica:{app}:LLMServer:{app}")
-
-
-def test_vllm_serve_is_an_endpoint_the_steps_caption_and_structure_through(model: Path, work: Path):
-    """Step 5."""
-    served = run_endpoint(model, work / "endpoint", NUM_CPUS)
-    for r in served["structured"]:
-        print(f"  {r['status']} {r['raw_output']!r}")
+    return sum(1 for a in actors if a["ActorClassName"] == f"ServeReplica:{app}:{deployment_name(app)}")
 
 
 def test_the_served_ray_serve_llm_application_captions_structures_summarises_and_describes(model: Path, work: Path):
-    """Step 6."""
+    """Step 5."""
     llm = run_served(model, work / "served", NUM_CPUS)
     print(f"ray.serve.llm (deployed from its Serve config): {llm['service']} {llm['times']}")

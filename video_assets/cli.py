@@ -705,17 +705,9 @@ def serve_config_command(args) -> int:
                 print(f"video-assets ray serve-config: {exc}", file=sys.stderr)
                 return 2
             spec = job_spec(SamplingConfig(), vlm, engine, model, "")
-            # A vLLM replica opens the model by path wherever Serve starts it: the folder must be on every node.
-            if engine == "vllm" and not llm.served(spec):
-                print(
-                    f"video-assets ray serve-config: the model folder {model.path} is not on every node of this "
-                    "cluster, so a ray.serve.llm replica could not open it: set VLM_CACHE_DIR to a folder every "
-                    "node mounts (the steps fall back to engines inside each job; docs/scale-out.md)",
-                    file=sys.stderr,
-                )
-                return 2
         finally:
             ray.shutdown()
+    # Each replica fetches the registered model on its own node: no folder shared between nodes.
     config = llm.serve_config(spec) if engine == "vllm" else serve_config(spec)
     text = (
         f"# Ray Serve config: the caption model {vlm.registered_model} version {pair.model_version} "

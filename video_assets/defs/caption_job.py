@@ -13,7 +13,7 @@ from video_assets.core.captioning.job import JobSpec, caption_rows
 from video_assets.core.captioning.versions import split_key
 from video_assets.core.inference.retries import NO_RESULT
 from video_assets.core.inference.service_runner import on_cluster
-from video_assets.core.serving.llm import engine_service
+from video_assets.core.serving import engine_service
 from video_assets.core.tables import CAPTIONS, SAMPLED_FRAMES, SCHEMAS, to_arrow
 from video_assets.core.throughput import covered_seconds
 from video_assets.core.uploads.discovery import printable

@@ -12,13 +12,14 @@ from resources.ray_service import ray_outlives_steps
 from resources.settings import serve_http
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings, registered_endpoint
+from video_assets.core import serving
 from video_assets.core.captioning.job import EngineSpec, JobSpec
 from video_assets.core.inference import choose_engine_name, vllm_importable, vllm_on_this_node
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.qa.llm import LlmClient
-from video_assets.core.serving.captioner import deploy, served_endpoint
+from video_assets.core.serving import SERVED_ENGINES
 from video_assets.defs.lineage import CaptionPair
 from video_assets.defs.ray_session import cluster_gpus
 from video_assets.defs.registry import CAPTION_PROMPT_NAME
@@ -102,7 +103,7 @@ def job_spec(
     except ValueError as exc:
         raise Failure(str(exc)) from exc
     served = registered_endpoint(model.path)
-    warm = vlm.warm_engine_idle_s if engine in ("transformers", "vllm") and ray_outlives_steps() else 0.0
+    warm = vlm.warm_engine_idle_s if engine in SERVED_ENGINES and ray_outlives_steps() else 0.0
     if (engine == "endpoint") != (served is not None):
         raise Failure(
             f"the registered caption model ({model.artifact_uri or model.path}) is "
@@ -135,45 +136,23 @@ def job_spec(
     )
 
 
-def warm_engine_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
-    """The spec that names the captions step's served transformers engine for ``model`` (what another
-    step needs to use the same loaded replica), or None when engines are not served (no Ray that
-    outlives the steps)."""
-    spec = job_spec(SamplingConfig(), vlm, "transformers", model, "")
-    return spec if spec.warm_idle_s > 0 else None
-
-
-def served_vllm_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
-    """The spec that names the captions step's served vLLM application for ``model`` (structuring on the
-    same engine), or None when vLLM engines are not served (no Ray that outlives the steps, or batch mode)."""
-    spec = job_spec(SamplingConfig(), vlm, "vllm", model, "")
-    return spec if spec.warm_idle_s > 0 else None
-
-
 def served_caption_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
-    """The spec of the caption model's Serve application on the Ray that outlives the steps: the vLLM one
-    (``ray.serve.llm``) when the captions engine is vLLM and it can be served, else the transformers one;
-    None without such a Ray (then engines load in the job). Ray must be connected."""
-    if engine_name(vlm) == "vllm" and (vllm_spec := served_vllm_spec(vlm, model)) is not None:
-        from video_assets.core.serving import llm
-
-        if llm.served(vllm_spec):
-            return vllm_spec
-    return warm_engine_spec(vlm, model)
+    """The spec of the caption model's served application on the Ray that outlives the steps (the captions
+    engine's: vLLM when it resolves to vLLM, else transformers), what another step needs to use the same loaded
+    replica; None without such a Ray (then engines load in the job). Ray must be connected."""
+    engine = engine_name(vlm)
+    spec = job_spec(SamplingConfig(), vlm, engine if engine in SERVED_ENGINES else "transformers", model, "")
+    return spec if serving.served(spec) else None
 
 
-def served_application(vlm: VlmSettings, model: ModelFiles) -> tuple[str | None, dict | None]:
-    """``served_caption_spec``'s application, deployed if it is not, and its route's endpoint fields (the
-    transformers application's; the vLLM one is reached by handle); (None, None) without a Ray that outlives
-    the steps."""
-    from video_assets.core.serving import llm
-
+def served_application(vlm: VlmSettings, model: ModelFiles) -> dict | None:
+    """The endpoint fields of ``served_caption_spec``'s OpenAI route, its application deployed if it is not;
+    None without a Ray that outlives the steps."""
     spec = served_caption_spec(vlm, model)
     if spec is None:
-        return None, None
-    if spec.engine.name == "vllm":
-        return llm.deploy(spec), None
-    return deploy(spec), served_endpoint(spec)
+        return None
+    serving.deploy(spec)
+    return serving.endpoint(spec)
 
 
 def caption_model_chat(
@@ -195,16 +174,10 @@ def caption_model_chat(
             allow_retries=False,
         )
     connect_ray()
-    spec = served_caption_spec(vlm, files)
-    if spec is None:  # unreachable while ray_outlives_steps() holds
+    route = served_application(vlm, files)
+    if route is None:  # unreachable while ray_outlives_steps() holds
         raise Failure("the caption model is not served on this Ray", allow_retries=False)
-    if spec.engine.name == "vllm":  # the captions step's vLLM application
-        from video_assets.core.serving import llm
-
-        return llm.ServedLlmChat(spec, timeout_s)
-    deploy(spec)
-    route = served_endpoint(spec)
-    return LlmClient(route["url"], route["model"], route["api_key"], max(timeout_s, spec.request_timeout_s))
+    return LlmClient(route["url"], route["model"], route["api_key"], max(timeout_s, route["timeout_s"] or 0.0))
 
 
 def make_structurer(
@@ -220,9 +193,9 @@ def make_structurer(
     count; it is called only when vLLM could run (asked for, or ``auto`` with vLLM installed here or a Ray
     that outlives the steps to ask), so the CPU default never starts Ray for structuring. Without it, the
     GPUs this process sees decide.
-    ``warm``: the captions step's served engine (the step joined a Ray that outlives it); the
-    'captioner' structurer on transformers then runs on that replica's loaded model, on its device,
-    instead of loading the model again here. ``endpoint``: the captioning model is an endpoint
+    ``warm``: the captions step's served application (``served_caption_spec``: the step joined a Ray that
+    outlives it); the 'captioner' structurer on that engine asks its route, on the loaded replica, instead of
+    loading the model again here. ``endpoint``: the captioning model is an endpoint
     (``VlmSettings.endpoint``); the 'captioner' structurer then asks it, whatever ``engine`` says."""
     if settings.model == CAPTIONER and endpoint is not None:
         from video_assets.core.structuring.engines import EndpointStructurer
@@ -245,22 +218,18 @@ def make_structurer(
     # them (RAY_ADDRESS, `ray up`), whose GPU workers may have it whatever this (CPU-only) process has.
     if requested == "vllm" or (requested == "auto" and (vllm_importable() or ray_outlives_steps())):
         gpus = connect_ray() if connect_ray is not None else cluster_gpus()
-    if choose_engine_name(settings.engine, gpus=gpus, has_vllm=cluster_has_vllm) == "vllm":
-        if warm is not None and warm.engine.name == "vllm" and settings.model == CAPTIONER:
-            from video_assets.core.serving import llm
-
-            if llm.served(warm):
-                return llm.ServedLlmStructurer(warm, settings.batch_size)
-        from video_assets.core.structuring.engines import VllmStructurer
-
-        return VllmStructurer(settings.vllm_settings(model), files if settings.model == CAPTIONER else None)
-    if warm is not None and warm.engine.name == "transformers" and settings.model == CAPTIONER:
+    chosen = choose_engine_name(settings.engine, gpus=gpus, has_vllm=cluster_has_vllm)
+    if warm is not None and settings.model == CAPTIONER and warm.engine.name == chosen:
         from video_assets.core.structuring.engines import EndpointStructurer
 
         if connect_ray is not None:
             connect_ray()  # the deploy, and the requests: a Ray Data job
-        deploy(warm)  # the captions step's application, on its route (deployed again if it was retired)
-        return EndpointStructurer(served_endpoint(warm), name="transformers (served caption model)")
+        serving.deploy(warm)  # the captions step's application, on its route (deployed again if it was retired)
+        return EndpointStructurer(serving.endpoint(warm), name=f"{chosen} (served caption model)")
+    if chosen == "vllm":
+        from video_assets.core.structuring.engines import VllmStructurer
+
+        return VllmStructurer(settings.vllm_settings(model), files if settings.model == CAPTIONER else None)
     from video_assets.core.structuring.engines import TransformersStructurer
 
     # Loaded in this process: the registered model's weights fetched here (the step resolved its small files).

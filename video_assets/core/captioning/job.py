@@ -30,6 +30,7 @@ from dataclasses import replace
 import numpy as np
 import ray
 
+from video_assets.core import serving
 from video_assets.core.captioning.batch import (
     RESULT_COLUMNS,
     EngineSpec,
@@ -179,11 +180,12 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
     import ray.data
 
     ds = decoded_segments(rows, spec)
-    served_app = _served_vllm(spec)
-    if served_app is not None:
-        from video_assets.core.serving import llm
+    served_app = None
+    if serving.served(spec):  # the caption model on its route: the next batch, and structuring, reuse its replica
+        from video_assets.core.captioning.endpoint_engine import build_endpoint_processor_for_job
 
-        ds = llm.build_served_processor_for_job(ds, spec, served_app)
+        served_app = serving.deploy(spec)  # the first replica is up (the model loaded) before any request is sent
+        ds = build_endpoint_processor_for_job(ds, replace(spec, endpoint=serving.endpoint(spec)))
     elif spec.engine.name == "vllm":
         from video_assets.core.captioning.vllm_engine import build_vllm_processor_for_job
         from video_assets.core.inference.model_cache import place_on_every_node
@@ -196,14 +198,9 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             replace(spec, vllm={**spec.vllm, "model_source": placed.path}),
             fetch=spec.engine.model if placed.per_node else None,
         )
-    elif spec.engine.name == "endpoint" or spec.warm_idle_s > 0:
+    elif spec.engine.name == "endpoint":
         from video_assets.core.captioning.endpoint_engine import build_endpoint_processor_for_job
 
-        if spec.engine.name != "endpoint":  # the served caption model: an endpoint of this product's own
-            from video_assets.core.serving.captioner import deploy, served_endpoint
-
-            served_app = deploy(spec)  # the first replica is up (the model loaded) before any request is sent
-            spec = replace(spec, endpoint=served_endpoint(spec))
         ds = build_endpoint_processor_for_job(ds, spec)
     else:
         ds = ds.map_batches(
@@ -223,21 +220,14 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
             # Ray's vLLM stage and a served route do not say where they ran: the engine actors' (replicas') node,
             # when there is one. Asked once, at the first answer (the engines are up by then), not once a row.
             if not asked:
-                engine_node = replica_node(served_app) if served_app else vllm_engine_node()
+                engine_node = (
+                    replica_node(served_app, serving.deployment(spec, served_app)) if served_app else vllm_engine_node()
+                )
                 asked = True
             out["engine_node"] = engine_node
-        if served_app:  # what the job ran on, for its materialisation (``llm.engine_service``)
+        if served_app:  # what the job ran on, for its materialisation (``serving.engine_service``)
             out["served_app"] = served_app
         yield out
-
-
-def _served_vllm(spec: JobSpec) -> str | None:
-    """``spec``'s served vLLM application (``core.serving.llm``), deployed first (the engine is up before
-    any batch is sent); None when it is not served (another engine, batch mode, or the model folder not on
-    every node)."""
-    from video_assets.core.serving import llm
-
-    return llm.deploy(spec) if llm.served(spec) else None
 
 
 def _actors_node(actors, is_engine) -> str | None:
@@ -266,11 +256,12 @@ def vllm_engine_node() -> str | None:
         return None
 
 
-def replica_node(app: str) -> str | None:
-    """The Ray node of Serve application ``app``'s live replicas when they all run on one node, else None
-    (the replicas belong to Serve's job, not this one: ``gcs_actors`` of every job); never fails the job."""
+def replica_node(app: str, deployment: str) -> str | None:
+    """The Ray node of the live replicas of Serve application ``app``'s ``deployment`` (its engine) when they all
+    run on one node, else None (the replicas belong to Serve's job, not this one: ``gcs_actors`` of every job);
+    never fails the job."""
     try:
-        replica = f"ServeReplica:{app}:"
+        replica = f"ServeReplica:{app}:{deployment}"
         return _actors_node(gcs_actors(), lambda a: a["ActorClassName"].startswith(replica) and a["State"] == "ALIVE")
     except Exception:
         return None

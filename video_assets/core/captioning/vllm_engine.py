@@ -130,8 +130,9 @@ def _job_result(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def segment_vllm_row(row: dict[str, Any], prompt: str, settings: VllmSettings) -> dict[str, Any]:
-    """A decoded segment row's caption request as a vLLM row (what the in-job engines and the served
-    application are sent alike); the CPU stage's error row carries Ray's error column, so every stage skips it."""
+    """A decoded segment row's caption request as the in-job vLLM engines' row (the messages and video timing an
+    endpoint gets too, ``requests.video_chat_body``); the CPU stage's error row carries Ray's error column, so
+    every stage skips it."""
     req = CaptionRequest(
         request_id=f"{row['video_id']}:{row['segment']}",
         frames=row["frames"],

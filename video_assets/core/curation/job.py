@@ -114,19 +114,15 @@ def decode_image(data: bytes) -> np.ndarray:
 
 
 class DescribeStage:
-    """One VLM engine per actor, or (``app``) the caption model's Serve application the actor sends to; a
-    call describes the kept frames of a batch of frame rows (one-frame requests on the captioning engine
-    interface) and hands every row on."""
+    """One VLM engine per actor, or (``endpoint``) the OpenAI route the actor sends to; a call describes the
+    kept frames of a batch of frame rows (one-frame requests on the captioning engine interface) and hands
+    every row on."""
 
-    def __init__(self, engine: EngineSpec, prompt: str, app: str | None = None, endpoint: dict | None = None):
+    def __init__(self, engine: EngineSpec, prompt: str, endpoint: dict | None = None):
         if endpoint:  # an endpoint (VLM_ENGINE=endpoint, or the served caption model's route) describes, as it captions
             from video_assets.core.captioning.endpoint_engine import EndpointEngine
 
             self.engine = EndpointEngine(endpoint)
-        elif app is not None:  # the caption model's vLLM application (ray.serve.llm)
-            from video_assets.core.serving import llm
-
-            self.engine = llm.ServedLlmEngine(app)
         else:
             self.engine = build_engine(engine)
         self.prompt = prompt
@@ -172,14 +168,13 @@ def curated_rows(
     spec: StageSpec,
     engine: EngineSpec | None = None,
     prompt: str = DEFAULT_DESCRIBE_PROMPT,
-    app: str | None = None,
     endpoint: dict | None = None,
 ):
     """``videos``: video_id, batch_key, uri, rotation, times (JSON: segment -> caption frame times).
     Yields one row (``ROW_COLUMNS``) per caption frame; ``engine`` set: kept frames get a description,
-    from ``endpoint`` (``Endpoint`` fields) or ``app`` (the engine's Serve application) when given, else
-    from an engine loaded per actor."""
+    from ``endpoint`` (``Endpoint`` fields: an endpoint, or the served caption model's route) when given,
+    else from an engine loaded per actor."""
     if engine is None:
         return stream(videos, decode_and_curate, {"config": config}, None, {}, spec)
-    kwargs = {"engine": engine, "prompt": prompt, "app": app, "endpoint": endpoint}
+    kwargs = {"engine": engine, "prompt": prompt, "endpoint": endpoint}
     return stream(videos, decode_and_curate, {"config": config}, DescribeStage, kwargs, spec)

@@ -277,7 +277,7 @@ def _proxy(http: dict | None) -> dict:
     return {"host": http["host"], "port": int(http["port"])}
 
 
-def _base_url(spec: JobSpec) -> str:
+def base_url(spec: JobSpec) -> str:
     """Where steps reach Serve's HTTP proxy (``spec.serve``'s url, else the default proxy's address)."""
     return str(spec.serve.get("url") or f"http://{DEFAULT_HTTP['host']}:{DEFAULT_HTTP['port']}").rstrip("/")
 
@@ -343,7 +343,7 @@ def served_endpoint(spec: JobSpec) -> dict:
     captions job, structuring, frame descriptions and chat send to, as to any endpoint that takes video."""
     name = app_name(spec)
     return {
-        "url": f"{_base_url(spec)}/{name}/v1",
+        "url": f"{base_url(spec)}/{name}/v1",
         "model": name,
         "api_key": spec.serve.get("api_key", ""),
         "timeout_s": spec.request_timeout_s,
@@ -359,11 +359,11 @@ def deploy(spec: JobSpec) -> str:
     application of that name is this model with these settings). The first replica loads the model before
     this returns, and its route answers (``served_endpoint``), or a RuntimeError names the settings."""
     name = run_once(app_name(spec), lambda: _application(spec), retire_idle, http=spec.serve)
-    _check_route(spec, name)
+    check_route(spec, name)
     return name
 
 
-def _check_route(spec: JobSpec, name: str, timeout_s: float = 60.0) -> None:
+def check_route(spec: JobSpec, name: str, timeout_s: float = 60.0) -> None:
     """Serve's HTTP proxy routes ``/<name>`` (``spec``'s application) at the URL steps send to, or a RuntimeError names the
     settings. Asked of the proxy's own route table (``/-/routes``: a replica busy with another step's batch,
     or scaled to zero, does not delay it). ``serve.run`` returns when the replica is up; the proxy learns
@@ -373,7 +373,7 @@ def _check_route(spec: JobSpec, name: str, timeout_s: float = 60.0) -> None:
     import urllib.error
     import urllib.request
 
-    base, prefix = _base_url(spec), f"/{name}"
+    base, prefix = base_url(spec), f"/{name}"
     deadline = time.monotonic() + timeout_s
     while True:
         try:

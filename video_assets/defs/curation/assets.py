@@ -78,7 +78,7 @@ def frames(
     are those the captions step last wrote for the batch (lineage)."""
     cfg, prompt = config.curation()
     caps, pair = lineage_captions(context, tables, batch)
-    engine, app, endpoint, extra = None, None, None, {"image_store": config.image_store}
+    engine, endpoint, app, extra = None, None, None, {"image_store": config.image_store}
     if config.describe:
         model, model_version = model_files_of(mlflow_registry, vlm, pair.model_version), pair.model_version
         extra |= {"describe_prompt": prompt, "describer": f"{vlm.registered_model}/{model_version}"}
@@ -90,7 +90,8 @@ def frames(
             engine = EngineSpec("transformers", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
             # On a Ray that outlives the steps, the caption model's served application describes (loaded once
             # for captions, structuring, summaries and these); else an engine loaded in the job.
-            app, endpoint = served_application(vlm, model)
+            endpoint = served_application(vlm, model)
+            app = endpoint["model"] if endpoint else None  # the served application's name
     version = cfg.version(**extra)
 
     existing = tables.batch(CURATED_FRAMES, batch, SCHEMAS[CURATED_FRAMES])
@@ -109,7 +110,7 @@ def frames(
         f"curated, {skipped} without captioned frames; frames of {sources['sampled_frames']} from sampled_frames, "
         f"{sources['decoded_again']} decoded again"
     )
-    in_job = engine is not None and app is None and endpoint is None  # a model loaded in the job's actors
+    in_job = engine is not None and endpoint is None  # a model loaded in the job's actors
     gpus = actor_gpus(vlm, "transformers") if in_job else 0.0
     spec = StageSpec(vlm.cpu_concurrency, vlm.concurrency, gpus, vlm.batch_size, model_num_cpus=1 if in_job else 0)
     expected = {v["video_id"]: sum(len(ts) for ts in json.loads(v["times"]).values()) for v in todo}
@@ -117,7 +118,7 @@ def frames(
     open_video: dict[str, list[dict]] = {}
     pending: list[dict] = []
     sheet: list[tuple[str, list]] = []
-    for row in curated_rows(todo, cfg, spec, engine, prompt, app, endpoint):
+    for row in curated_rows(todo, cfg, spec, engine, prompt, endpoint):
         vid = row["video_id"]
         open_video.setdefault(vid, []).append(row)
         n_frames += 1

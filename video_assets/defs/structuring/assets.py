@@ -15,7 +15,7 @@ from video_assets.core.captioning.versions import caption_versions
 from video_assets.core.structuring.versions import plan_structuring, structuring_versions
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
-from video_assets.defs.engines import engine_name, make_structurer, model_files_of, served_vllm_spec, warm_engine_spec
+from video_assets.defs.engines import make_structurer, model_files_of, served_caption_spec
 from video_assets.defs.lineage import lineage_captions, structurer_id, use_case_version
 from video_assets.defs.ray_session import connect_ray, ray_dashboard
 from video_assets.defs.structured import structure_rows, write_structured
@@ -74,8 +74,7 @@ def structured_events(
             warm = None
             if files is not None and served is None and ray_outlives_steps():  # served there: share the captions one
                 connect_ray(context, ray_on_demand)
-                # the captions step's served engine: its vLLM application, or its transformers one
-                warm = (served_vllm_spec if engine_name(vlm) == "vllm" else warm_engine_spec)(vlm, files)
+                warm = served_caption_spec(vlm, files)  # the captions step's served application (vLLM or transformers)
             engine = make_structurer(
                 structurer,
                 files,
