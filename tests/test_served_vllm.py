@@ -35,7 +35,7 @@ def test_served_on_a_ray_that_outlives_the_steps_unless_in_batch_mode(monkeypatc
     # batch mode (engines inside each job, the large-backfill shape) and the embedded Ray: not served
     for kept in (spec(monkeypatch, tmp_path, idle=0), spec(monkeypatch, tmp_path, outlives=False)):
         assert kept.warm_idle_s == 0
-        assert not llm.served(kept)  # decided without asking any Ray
+        assert not kept.served  # decided without asking any Ray
         assert engine_service(kept) == {"mode": "in-job", "engine": "vllm", "actors": 1}
 
 
@@ -61,7 +61,7 @@ def test_every_step_reaches_the_application_on_its_openai_route_with_the_serve_k
     assert route["timeout_s"] == s.request_timeout_s  # every request bounded (VLM_REQUEST_TIMEOUT_S)
     assert (route["batch_size"], route["concurrency"]) == (16, llm.callers(VllmSettings(**s.vllm)))
     # the engine behind the route is the served one: vLLM's deployment, not the transformers captioner's
-    assert serving.served(s) and serving.deployment(s, name) == llm.deployment_name(name)
+    assert s.served and serving.deployment(s, name) == llm.deployment_name(name)
 
 
 def test_each_replica_opens_its_own_nodes_copy_of_the_registered_model(monkeypatch, tmp_path):

@@ -272,6 +272,44 @@ def test_speculative_retry_gives_the_same_rows_in_one_call(engines, uc):
     assert {r["status"] for r in capped} <= {"retried", "unparsed", "no_caption"}
 
 
+def test_every_use_case_of_a_batch_shares_one_call_of_a_speculative_engine(engines, uc):
+    """Issue 39, item 8: vLLM in the job is one engine lifetime per call, so a batch's use cases go in one call
+    (it was one engine start per use case); the rows are those each use case gets on its own."""
+    from resources.structurer import StructurerSettings
+    from video_assets.defs.structured import structure_use_cases
+
+    settings = StructurerSettings(max_new_tokens=6, retry_max_new_tokens=8)  # every first pass fails: retries used
+    rows = [{**c, "video_id": f"v{i}", "segment": 0, "batch_key": "b", "uri": f"/v/{i}.mp4", "model_version": "1",
+             "prompt_version": 1} for i, c in enumerate(CAPTIONS)]  # fmt: skip
+    work = [(uc, rows), (uc_mod.load("loss_prevention"), rows[:2])]
+    engine = engines["none"]
+    calls = []
+    real = engine.generate
+
+    def counting(requests):
+        calls.append(len(requests))
+        return real(requests)
+
+    def stable(out):
+        return [{k: v for k, v in r.items() if k not in ("latency_s", "structured_at")} for r in out]
+
+    engine.generate = counting
+    try:
+        each = stable(structure_use_cases(engine, settings, work, "s"))  # a loaded engine: a call per use case
+        assert len(calls) == 2 * 2  # first pass, then the retries, per use case
+        calls.clear()
+        engine.speculative_retry = True
+        together = stable(structure_use_cases(engine, settings, work, "s"))
+    finally:
+        engine.speculative_retry = False
+        del engine.generate
+    ok = sum(c["status"] == "ok" for c in CAPTIONS)
+    assert calls == [2 * ok + 2 * 2]  # one call: both use cases' first passes and retries
+    assert together == each
+    assert [r["use_case"] for r in together] == ["object_handling"] * 4 + ["loss_prevention"] * 2
+    assert {r["status"] for r in together} <= {"retried", "unparsed", "no_caption"}
+
+
 class _Pinned:
     """A model pinned to one answer, whatever it is asked (what an engine that ignores the schema's
     bounds, or a model fine-tuned on other clips, can return); the policy under test is the real one."""

@@ -525,7 +525,7 @@ def deploy_serve_config(res: dict, address: str, work: Path) -> str:
         try:
             model, _, _ = resolve_caption_model(res["mlflow_registry"], res["vlm"])
             spec = served_caption_spec(res["vlm"], model)
-            check(spec is not None and llm.served(spec), "the caption model is not servable on the service's Ray")
+            check(spec is not None and spec.served, "the caption model is not servable on the service's Ray")
             config = llm.serve_config(spec)
         finally:
             ray.shutdown()

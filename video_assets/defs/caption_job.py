@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 import polars as pl
 
 from resources.delta import DeltaTables
-from video_assets.core.captioning.job import JobSpec, caption_rows
+from video_assets.core.captioning.batch import JobSpec, Transport
+from video_assets.core.captioning.job import caption_rows
 from video_assets.core.captioning.versions import split_key
 from video_assets.core.inference.retries import NO_RESULT
 from video_assets.core.inference.service_runner import on_cluster
@@ -73,7 +74,7 @@ def run_captioning(
     n_rows = 0
     served_app = None  # the vLLM application the job captioned on, when served (its rows say so)
     # Requests that overlap (vLLM's engine, a server): busy while any is in flight, not their summed latencies.
-    overlapping = spec.engine.name in ("vllm", "endpoint") or spec.warm_idle_s > 0  # served: on its route
+    overlapping = spec.transport is not Transport.TRANSFORMERS
     in_flight: list[tuple[float, float]] = []  # vLLM: (sent, answered) of each request, as this process saw it
     # The step drives the job; through Ray Client, a task on the cluster does (on_cluster).
     jobs = on_cluster(caption_rows, videos, spec)

@@ -13,13 +13,12 @@ from resources.settings import serve_http
 from resources.structurer import CAPTIONER, StructurerSettings
 from resources.vlm import VlmSettings, registered_endpoint
 from video_assets.core import serving
-from video_assets.core.captioning.job import EngineSpec, JobSpec
+from video_assets.core.captioning.batch import SERVED_ENGINES, EngineSpec, JobSpec, Transport
 from video_assets.core.inference import choose_engine_name, vllm_importable, vllm_on_this_node
 from video_assets.core.inference.model_cache import ModelFiles
 from video_assets.core.inference.vllm import check_frames
 from video_assets.core.media.sampling import SamplingConfig
 from video_assets.core.qa.llm import LlmClient
-from video_assets.core.serving import SERVED_ENGINES
 from video_assets.defs.lineage import CaptionPair
 from video_assets.defs.ray_session import cluster_gpus
 from video_assets.defs.registry import CAPTION_PROMPT_NAME
@@ -136,13 +135,36 @@ def job_spec(
     )
 
 
+def captions_job_spec(
+    vlm: VlmSettings, model: ModelFiles, prompt_template: str, sampling: SamplingConfig, calibration
+) -> JobSpec:
+    """The captions step's job: the engine chosen once (``engine_name``: ``auto`` asked of the cluster), how it is
+    reached read from the spec (``JobSpec.transport``). vLLM's decode stage is sized by ``calibration(engine)``
+    (the throughput model's ratio measured on earlier batches), asked only for vLLM."""
+    engine = engine_name(vlm)
+    ratio = calibration(engine) if engine == "vllm" else None
+    return job_spec(sampling, vlm, engine, model, prompt_template, cpu_to_accelerator=ratio)
+
+
+def preflight(spec: JobSpec) -> None:
+    """An endpoint that does not answer is a Failure naming the setting before Ray starts, not a batch of error
+    rows. The product's own served model is checked when it is deployed (``core.serving.deploy``)."""
+    if spec.transport is Transport.ENDPOINT and not spec.served:
+        from video_assets.core.inference.endpoint import Endpoint, EndpointUnavailable
+
+        try:
+            Endpoint(**spec.endpoint).check()
+        except EndpointUnavailable as exc:
+            raise Failure(str(exc)) from None
+
+
 def served_caption_spec(vlm: VlmSettings, model: ModelFiles) -> JobSpec | None:
     """The spec of the caption model's served application on the Ray that outlives the steps (the captions
     engine's: vLLM when it resolves to vLLM, else transformers), what another step needs to use the same loaded
     replica; None without such a Ray (then engines load in the job). Ray must be connected."""
     engine = engine_name(vlm)
     spec = job_spec(SamplingConfig(), vlm, engine if engine in SERVED_ENGINES else "transformers", model, "")
-    return spec if serving.served(spec) else None
+    return spec if spec.served else None
 
 
 def served_application(vlm: VlmSettings, model: ModelFiles) -> dict | None:
@@ -153,6 +175,39 @@ def served_application(vlm: VlmSettings, model: ModelFiles) -> dict | None:
         return None
     serving.deploy(spec)
     return serving.endpoint(spec)
+
+
+def describer(vlm: VlmSettings, model: ModelFiles) -> tuple[EngineSpec, dict | None, str]:
+    """Curation's frame describer on caption model version ``model`` (the one that captioned): the engine, the
+    route it is reached on (``Endpoint`` fields) and what it is, for the metadata: the version's own endpoint
+    when it is one (with the captions' request bounds); the served application's route on a Ray that outlives
+    the steps (loaded once for captions, structuring, summaries and these); else no route, an engine loaded
+    in the job."""
+    if registered := registered_endpoint(model.path):
+        endpoint = vlm.endpoint(registered)
+        engine = EngineSpec("endpoint", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
+        return engine, endpoint, f"endpoint {endpoint['url']} ({endpoint['model']})"
+    engine = EngineSpec("transformers", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
+    if (route := served_application(vlm, model)) is not None:
+        return engine, route, f"served application {route['model']}"
+    return engine, None, "in-job transformers"
+
+
+def structuring_engine(
+    settings: StructurerSettings, vlm: VlmSettings, registry: MlflowRegistry, model_version: str, connect_ray
+):
+    """The structurer of a step (``make_structurer``): with the captioning model (``STRUCTURER_MODEL=captioner``),
+    the version that captioned, reached as its captions were: its endpoint when it is one, its served application
+    on a Ray that outlives the steps (``connect_ray()`` joins it), else loaded here or in the job."""
+    files = model_files_of(registry, vlm, model_version) if settings.model == CAPTIONER else None
+    registered = registered_endpoint(files.path) if files is not None else None
+    warm = None
+    if files is not None and registered is None and ray_outlives_steps():
+        connect_ray()
+        warm = served_caption_spec(vlm, files)
+    return make_structurer(
+        settings, files, connect_ray=connect_ray, warm=warm, endpoint=vlm.endpoint(registered) if registered else None
+    )
 
 
 def caption_model_chat(

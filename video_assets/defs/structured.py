@@ -1,12 +1,13 @@
 """structured_events rows from a structuring engine's answers, and their one-commit replacement per video."""
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from resources.delta import DeltaTables
 from resources.structurer import StructurerSettings
 from video_assets.core.captioning.versions import caption_digest
 from video_assets.core.structuring import usecase as uc_mod
-from video_assets.core.structuring.policy import structure_captions
+from video_assets.core.structuring.policy import StructureRequest, StructureResponse, structure_captions
 from video_assets.core.structuring.versions import StructuringPlan
 from video_assets.core.tables import KEYS, to_arrow
 from video_assets.core.uploads.discovery import printable
@@ -48,6 +49,46 @@ def structure_rows(
             }
         )
     return out
+
+
+def structure_use_cases(
+    engine, settings: StructurerSettings, work: list[tuple[uc_mod.UseCase, list[dict]]], structurer: str, log=None
+) -> list[dict]:
+    """``structure_rows`` of every (use case, caption rows) of a step. An engine whose every call is one engine
+    lifetime (``speculative_retry``: vLLM in the job, its retries sent with the first pass) gets one call for all
+    of them: each use case's requests are recorded, sent together, and its answers replayed into the same policy,
+    so a batch starts one engine whatever the number of use cases (it started one per use case)."""
+    work = [(uc, rows) for uc, rows in work if rows]
+    if not getattr(engine, "speculative_retry", False) or len(work) < 2:
+        return [row for uc, rows in work for row in structure_rows(engine, settings, uc, rows, structurer, log)]
+    recorded = _Recorded()
+    for uc, rows in work:
+        recorded.use_case = uc.name
+        structure_captions(recorded, uc, rows, settings.max_new_tokens, settings.retry_max_new_tokens)
+    answers = {a.request_id: a for a in engine.generate(recorded.requests)} if recorded.requests else {}
+    out = []
+    for uc, rows in work:
+        recorded.use_case, recorded.answers = uc.name, answers
+        out += structure_rows(recorded, settings, uc, rows, structurer, log)
+    return out
+
+
+class _Recorded:
+    """A speculative engine's stand-in: first it records the requests of each use case's one call (answering
+    nothing), then it answers them from the real engine's answers to all of them at once."""
+
+    speculative_retry = True  # the policy then makes one call per use case, first pass and retries together
+
+    def __init__(self):
+        self.use_case, self.requests, self.answers = "", [], None
+
+    def generate(self, requests: list[StructureRequest]) -> list[StructureResponse]:
+        ids = [f"{self.use_case}/{q.request_id}" for q in requests]
+        if self.answers is None:
+            self.requests += [replace(q, request_id=i) for q, i in zip(requests, ids)]
+            return [StructureResponse(q.request_id, "", error="not sent yet") for q in requests]
+        missing = StructureResponse("", "", error="no answer from the engine")
+        return [replace(self.answers.get(i, missing), request_id=q.request_id) for q, i in zip(requests, ids)]
 
 
 def write_structured(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,18 @@ class EngineSpec:
     device: str = "auto"
     batch_size: int = 4
     max_new_tokens: int = 128
+
+
+SERVED_ENGINES = ("transformers", "vllm")  # what this product serves itself on a Ray that outlives the steps
+
+
+class Transport(StrEnum):
+    """How a model stage reaches its model: the one engine choice, made once (``defs.engines.job_spec``, ``auto``
+    asked of the cluster) and read by every stage that runs the model; asset bodies never branch on it."""
+
+    TRANSFORMERS = "in-job transformers"  # engines loaded in the job's actors: CPU, tests, the laptop demo
+    VLLM = "in-job vllm"  # Ray Data LLM's vLLM processor in the job: big GPU backfills
+    ENDPOINT = "endpoint"  # an OpenAI-compatible route: a server, a hosted API, or this product's served model
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,17 @@ class JobSpec:
     # vLLM: decode CPU seconds per engine second measured on earlier batches (the throughput model's ratio),
     # which sizes the decode stage to the engines (``throughput.decode_width``); None before any.
     cpu_to_accelerator: float | None = None
+
+    @property
+    def served(self) -> bool:
+        """The model is this product's own served application (``core.serving``), on a Ray that outlives the steps."""
+        return self.warm_idle_s > 0 and self.engine.name in SERVED_ENGINES
+
+    @property
+    def transport(self) -> Transport:
+        if self.engine.name == "endpoint" or self.served:
+            return Transport.ENDPOINT
+        return Transport.VLLM if self.engine.name == "vllm" else Transport.TRANSFORMERS
 
 
 # decode_node and engine_node (the Ray nodes of the two stages) and preview (a JPEG strip of segment

@@ -35,6 +35,7 @@ from video_assets.core.captioning.batch import (
     RESULT_COLUMNS,
     EngineSpec,
     JobSpec,
+    Transport,
     build_engine,
     caption_batch,
     node_id,
@@ -181,42 +182,41 @@ def caption_rows(rows: list[dict], spec: JobSpec) -> Iterator[dict]:
 
     ds = decoded_segments(rows, spec)
     served_app = None
-    if serving.served(spec):  # the caption model on its route: the next batch, and structuring, reuse its replica
-        from video_assets.core.captioning.endpoint_engine import build_endpoint_processor_for_job
+    match spec.transport:
+        case Transport.ENDPOINT:  # a server, or the caption model served on its route (the next batch reuses it)
+            from video_assets.core.captioning.endpoint_engine import build_endpoint_processor_for_job
 
-        served_app = serving.deploy(spec)  # the first replica is up (the model loaded) before any request is sent
-        ds = build_endpoint_processor_for_job(ds, replace(spec, endpoint=serving.endpoint(spec)))
-    elif spec.engine.name == "vllm":
-        from video_assets.core.captioning.vllm_engine import build_vllm_processor_for_job
-        from video_assets.core.inference.model_cache import place_on_every_node
+            if spec.served:  # the first replica is up (the model loaded) before any request is sent
+                served_app = serving.deploy(spec)
+                spec = replace(spec, endpoint=serving.endpoint(spec))
+            ds = build_endpoint_processor_for_job(ds, spec)
+        case Transport.VLLM:
+            from video_assets.core.captioning.vllm_engine import build_vllm_processor_for_job
+            from video_assets.core.inference.model_cache import place_on_every_node
 
-        # vLLM and Ray's CPU stages open the model by path on whichever node Ray puts them: the step's folder
-        # on every node, or a node cache each stage fills on its own node as it starts (later nodes too).
-        placed = place_on_every_node(spec.engine.model)
-        ds = build_vllm_processor_for_job(
-            ds,
-            replace(spec, vllm={**spec.vllm, "model_source": placed.path}),
-            fetch=spec.engine.model if placed.per_node else None,
-        )
-    elif spec.engine.name == "endpoint":
-        from video_assets.core.captioning.endpoint_engine import build_endpoint_processor_for_job
-
-        ds = build_endpoint_processor_for_job(ds, spec)
-    else:
-        ds = ds.map_batches(
-            CaptionStage,
-            fn_constructor_kwargs={"engine": spec.engine, "prompt": spec.prompt},
-            batch_size=spec.engine.batch_size,
-            compute=ray.data.ActorPoolStrategy(size=spec.vlm_concurrency),
-            num_gpus=spec.vlm_num_gpus or None,
-            num_cpus=1,
-            **engine_stage_options(),
-            **({"resources": spec.vlm_resources} if spec.vlm_resources else {}),
-        )
+            # vLLM and Ray's CPU stages open the model by path on whichever node Ray puts them: the step's folder
+            # on every node, or a node cache each stage fills on its own node as it starts (later nodes too).
+            placed = place_on_every_node(spec.engine.model)
+            ds = build_vllm_processor_for_job(
+                ds,
+                replace(spec, vllm={**spec.vllm, "model_source": placed.path}),
+                fetch=spec.engine.model if placed.per_node else None,
+            )
+        case Transport.TRANSFORMERS:
+            ds = ds.map_batches(
+                CaptionStage,
+                fn_constructor_kwargs={"engine": spec.engine, "prompt": spec.prompt},
+                batch_size=spec.engine.batch_size,
+                compute=ray.data.ActorPoolStrategy(size=spec.vlm_concurrency),
+                num_gpus=spec.vlm_num_gpus or None,
+                num_cpus=1,
+                **engine_stage_options(),
+                **({"resources": spec.vlm_resources} if spec.vlm_resources else {}),
+            )
     engine_node, asked = None, False
     for row in all_engines_first(tolerate_failed_batches(ds), spec.vlm_concurrency).iter_rows():
         out = {k: row.get(k) for k in RESULT_COLUMNS}
-        if (spec.engine.name == "vllm" or served_app) and out["status"] == CAPTION_OK:
+        if (spec.transport is Transport.VLLM or served_app) and out["status"] == CAPTION_OK:
             # Ray's vLLM stage and a served route do not say where they ran: the engine actors' (replicas') node,
             # when there is one. Asked once, at the first answer (the engines are up by then), not once a row.
             if not asked:

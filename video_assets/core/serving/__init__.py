@@ -5,8 +5,6 @@ OpenAI-compatible endpoint. Imports are lazy: the serving code loads only where 
 
 from __future__ import annotations
 
-SERVED_ENGINES = ("transformers", "vllm")
-
 
 def _module(spec):
     if spec.engine.name == "vllm":
@@ -16,11 +14,6 @@ def _module(spec):
     from video_assets.core.serving import captioner
 
     return captioner
-
-
-def served(spec) -> bool:
-    """Whether ``spec``'s engine is served (a Ray that outlives the steps: ``warm_idle_s`` > 0), not loaded in the job."""
-    return spec.warm_idle_s > 0 and spec.engine.name in SERVED_ENGINES
 
 
 def deploy(spec) -> str:
@@ -57,7 +50,7 @@ def engine_service(spec, served_app: str | None = None) -> dict:
             if spec.endpoint.get("video")
             else "image parts, times in the text (the endpoint takes no video: VLM_ENDPOINT_VIDEO off)",
         }
-    if served(spec):  # the caption model's application, on its route
+    if spec.served:  # the caption model's application, on its route
         name = served_app or _module(spec).app_name(spec)
         return {
             "mode": "served",

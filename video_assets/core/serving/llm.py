@@ -61,12 +61,6 @@ def deployment_name(app: str) -> str:
     return f"{SERVER}:{app}"
 
 
-def served(spec: JobSpec) -> bool:
-    """Whether ``spec``'s vLLM engine is a served application: a Ray that outlives the steps (``warm_idle_s``
-    > 0). Its replicas fetch the model on their own nodes: nothing is asked of the cluster."""
-    return spec.engine.name == "vllm" and spec.warm_idle_s > 0
-
-
 def llm_config(spec: JobSpec, name: str):
     """The ``ray.serve.llm.LLMConfig`` of ``spec``'s engine: the job's vLLM settings (engine arguments,
     placement, accelerator type, workers' environment), 0 to ``concurrency`` replicas, each opening its own

@@ -17,7 +17,7 @@ from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR
 from video_assets.defs.caption_job import calibration_runs, run_captioning
 from video_assets.defs.common import ACCELERATOR_POOL, CostBreakdown, batch_asset, table_metadata
-from video_assets.defs.engines import engine_name, job_spec, resolve_caption_model
+from video_assets.defs.engines import captions_job_spec, preflight, resolve_caption_model
 from video_assets.defs.ray_session import ray_dashboard
 from video_assets.defs.registry import TINY_WARNING
 
@@ -106,9 +106,19 @@ def captions(
     with cost.part("resolve_model"):
         model, pair, prompt = resolve_caption_model(mlflow_registry, vlm)
     model_version = pair.model_version
-    engine = engine_name(vlm)
+    # The engine and how it is reached, chosen once; vLLM's decode stage is sized by the throughput model,
+    # calibrated on earlier vLLM batches.
+    spec = captions_job_spec(
+        vlm,
+        model,
+        prompt.template,
+        config.sampling(),
+        lambda engine: calibrated_cpu_to_accelerator(calibration_runs(context.instance, engine)),
+    )
+    engine = spec.engine.name
     context.log.info(
-        f"models:/{vlm.registered_model}@{vlm.alias} -> v{model_version}, prompt v{prompt.version}, engine {engine}"
+        f"models:/{vlm.registered_model}@{vlm.alias} -> v{model_version}, prompt v{prompt.version}, engine {engine} "
+        f"({spec.transport.value})"
     )
     if vlm.is_tiny:
         context.log.warning(TINY_WARNING)
@@ -118,20 +128,12 @@ def captions(
     done = captioned_ok(existing, model_version, prompt.version, split_key(config.sampling()))
     good = meta.filter(pl.col("ok"))
     todo = good if config.recaption else good.filter(~pl.col("video_id").is_in(done))
-    # vLLM's decode stage is sized to its engines by the throughput model, calibrated on earlier vLLM batches.
-    ratio = calibrated_cpu_to_accelerator(calibration_runs(context.instance, engine)) if engine == "vllm" else None
-    spec = job_spec(config.sampling(), vlm, engine, model, prompt.template, cpu_to_accelerator=ratio)
     context.log.info(
         f"batch {batch}: {todo.height} videos to caption, {good.height - todo.height} cached, "
         f"{meta.height - good.height} rejected by the probe"
     )
-    if engine == "endpoint" and todo.height:
-        from video_assets.core.inference.endpoint import Endpoint, EndpointUnavailable
-
-        try:  # before Ray starts: a server that is down is a clear failure, not a batch of error rows
-            Endpoint(**spec.endpoint).check()
-        except EndpointUnavailable as exc:
-            raise Failure(str(exc)) from None
+    if todo.height:
+        preflight(spec)
     stamp = {
         "model_name": vlm.registered_model,
         "model_version": model_version,
@@ -164,7 +166,11 @@ def captions(
             # Served (the application and its replicas) or in-job engines: what answered this batch.
             "engine_service": MetadataValue.json(stats["service"]),
             **ray_dashboard(ray_cluster),
-            **({"calibrated_cpu_to_accelerator": MetadataValue.float(round(ratio, 3))} if ratio else {}),
+            **(
+                {"calibrated_cpu_to_accelerator": MetadataValue.float(round(spec.cpu_to_accelerator, 3))}
+                if spec.cpu_to_accelerator
+                else {}
+            ),
             "batches": MetadataValue.int(len(batches)),
             "videos_captioned": MetadataValue.int(todo.height),
             "videos_cached": MetadataValue.int(good.height - todo.height),

@@ -21,8 +21,7 @@ from pydantic import Field
 from resources.curation import CurationStore
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
-from resources.vlm import VlmSettings, registered_endpoint
-from video_assets.core.captioning.job import EngineSpec
+from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_frames
 from video_assets.core.curation.export import export_frames
 from video_assets.core.curation.job import DEFAULT_DESCRIBE_PROMPT, curated_rows, decode_image
@@ -33,7 +32,7 @@ from video_assets.core.tables import CURATED_FRAMES, SCHEMAS, to_arrow
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CURATION_ERROR
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, stage_asset, table_metadata
-from video_assets.defs.engines import actor_gpus, model_files_of, served_application
+from video_assets.defs.engines import actor_gpus, describer, model_files_of
 from video_assets.defs.lineage import lineage_captions, with_sampled_frames
 
 SHEET_VIDEOS = 4  # videos whose frames the contact sheet shows
@@ -78,20 +77,11 @@ def frames(
     are those the captions step last wrote for the batch (lineage)."""
     cfg, prompt = config.curation()
     caps, pair = lineage_captions(context, tables, batch)
-    engine, endpoint, app, extra = None, None, None, {"image_store": config.image_store}
+    engine, endpoint, described_by, extra = None, None, "none", {"image_store": config.image_store}
     if config.describe:
         model, model_version = model_files_of(mlflow_registry, vlm, pair.model_version), pair.model_version
         extra |= {"describe_prompt": prompt, "describer": f"{vlm.registered_model}/{model_version}"}
-        if registered := registered_endpoint(model.path):
-            # The version that captioned is an endpoint: it describes too, with the captions' request bounds.
-            engine = EngineSpec("endpoint", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
-            endpoint = vlm.endpoint(registered)
-        else:
-            engine = EngineSpec("transformers", model, vlm.device, vlm.batch_size, vlm.max_new_tokens)
-            # On a Ray that outlives the steps, the caption model's served application describes (loaded once
-            # for captions, structuring, summaries and these); else an engine loaded in the job.
-            endpoint = served_application(vlm, model)
-            app = endpoint["model"] if endpoint else None  # the served application's name
+        engine, endpoint, described_by = describer(vlm, model)
     version = cfg.version(**extra)
 
     existing = tables.batch(CURATED_FRAMES, batch, SCHEMAS[CURATED_FRAMES])
@@ -153,13 +143,7 @@ def frames(
             **pair.metadata(),
             "curation_config": MetadataValue.json({**asdict(cfg), **extra}),
             # What described the kept frames: the caption model's Serve application, an engine in the job, or none.
-            "describe_engine": MetadataValue.text(
-                f"served application {app}"
-                if app
-                else f"endpoint {endpoint['url']} ({endpoint['model']})"
-                if endpoint
-                else ("in-job transformers" if engine is not None else "none")
-            ),
+            "describe_engine": MetadataValue.text(described_by),
             "rows_by_reason": MetadataValue.json(reasons),
             "frames_kept": MetadataValue.int(int(out.get_column("kept").sum()) if out.height else 0),
             "videos_curated": MetadataValue.int(len(todo)),

@@ -57,7 +57,7 @@ from video_assets.core.tables import (
 from video_assets.core.uploads.discovery import printable
 from video_assets.defs.caption_job import run_captioning
 from video_assets.defs.common import ACCELERATOR_POOL, stage_asset, table_metadata
-from video_assets.defs.engines import engine_name, job_spec, make_structurer, registered_model_files
+from video_assets.defs.engines import captions_job_spec, make_structurer, registered_model_files
 from video_assets.defs.lineage import golden_rows, structurer_id
 from video_assets.defs.registry import CAPTION_PROMPT_NAME, CHALLENGER
 from video_assets.defs.scoring import candidate_predictions, evaluate_candidate
@@ -101,9 +101,13 @@ def _ensure_captions(
     )
     if todo.height:
         prompt = registry.load_prompt(CAPTION_PROMPT_NAME, prompt_alias)
-        engine = engine_name(vlm)
-        spec = job_spec(sampling, vlm, engine, model, prompt.template)
-        stamp = {"model_name": vlm.registered_model, "model_version": mv, "prompt_version": pv, "engine": engine}
+        spec = captions_job_spec(vlm, model, prompt.template, sampling, calibration=lambda engine: None)
+        stamp = {
+            "model_name": vlm.registered_model,
+            "model_version": mv,
+            "prompt_version": pv,
+            "engine": spec.engine.name,
+        }
         stats = run_captioning(context.log, tables, todo, spec, stamp, table=CANDIDATE_CAPTIONS)
         context.log.info(f"model v{mv} prompt v{pv}: {int(stats['written'])} candidate caption rows written")
     return model

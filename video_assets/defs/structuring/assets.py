@@ -8,17 +8,16 @@ from pydantic import Field
 
 from resources.delta import DeltaTables
 from resources.mlflow_registry import MlflowRegistry
-from resources.ray_service import ray_outlives_steps
-from resources.structurer import CAPTIONER, StructurerSettings
-from resources.vlm import VlmSettings, registered_endpoint
+from resources.structurer import StructurerSettings
+from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_versions
 from video_assets.core.structuring.versions import plan_structuring, structuring_versions
 from video_assets.core.tables import SCHEMAS, STRUCTURED_EVENTS
 from video_assets.defs.common import ACCELERATOR_POOL, batch_asset, table_metadata
-from video_assets.defs.engines import make_structurer, model_files_of, served_caption_spec
+from video_assets.defs.engines import structuring_engine
 from video_assets.defs.lineage import lineage_captions, structurer_id, use_case_version
 from video_assets.defs.ray_session import connect_ray, ray_dashboard
-from video_assets.defs.structured import structure_rows, write_structured
+from video_assets.defs.structured import structure_use_cases, write_structured
 
 
 class StructuredEventsConfig(Config):
@@ -62,28 +61,15 @@ def structured_events(
         )
     if plan.stale:
         context.log.info(f"{plan.stale} rows describe captions that were replaced or are gone: removed")
-    engine = None
+    work = [(uc, plan.todo[uc.name]) for uc in use_cases if plan.todo[uc.name]]
     new_rows: list[dict] = []
-    for uc in use_cases:
-        todo = plan.todo[uc.name]
-        if not todo:
-            continue
-        if engine is None:
-            files = model_files_of(mlflow_registry, vlm, model_version) if structurer.model == CAPTIONER else None
-            served = registered_endpoint(files.path) if files is not None else None  # the captioner is an endpoint
-            warm = None
-            if files is not None and served is None and ray_outlives_steps():  # served there: share the captions one
-                connect_ray(context, ray_on_demand)
-                warm = served_caption_spec(vlm, files)  # the captions step's served application (vLLM or transformers)
-            engine = make_structurer(
-                structurer,
-                files,
-                connect_ray=lambda: connect_ray(context, ray_on_demand),
-                warm=warm,
-                endpoint=vlm.endpoint(served) if served else None,
-            )
-            context.log.info(f"structuring with {sid} on {getattr(engine, 'name', '?')}")
-        new_rows += structure_rows(engine, structurer, uc, todo, sid, context.log)
+    if work:
+        engine = structuring_engine(
+            structurer, vlm, mlflow_registry, model_version, lambda: connect_ray(context, ray_on_demand)
+        )
+        context.log.info(f"structuring with {sid} on {getattr(engine, 'name', '?')}")
+        # one engine for every use case of the batch (vLLM in the job: one engine lifetime, not one per use case)
+        new_rows = structure_use_cases(engine, structurer, work, sid, context.log)
     # The affected videos' rows in one commit, as captions writes a video's: never a mix of old and new.
     write_structured(tables, STRUCTURED_EVENTS, plan, new_rows, model_version, prompt_version)
     written = len(new_rows)
