@@ -137,11 +137,14 @@ class DeltaTables(ConfigurableResource):
         update: bool = True,
         update_predicate: str | None = None,
         keep: tuple[str, ...] = (),
+        scope: str | None = None,
     ) -> dict:
         """Upsert ``rows`` keyed by ``keys``: rerunning the same rows changes nothing.
 
         ``update=False`` keeps existing rows untouched (first write wins); ``keep`` names columns a
         matched row keeps (e.g. ``registered_at``); ``update_predicate`` limits which matches update.
+        ``scope``: a key column whose values in ``rows`` bound the rows that can match (e.g. the manifest's
+        ``uri``), so target files whose statistics exclude them are skipped, as a batch's are.
         New columns of ``rows`` are added to the table.
         """
         uri = self.table_uri(name)
@@ -153,10 +156,12 @@ class DeltaTables(ConfigurableResource):
             return {"num_target_rows_inserted": 0}
         predicate = " AND ".join(f"t.{k} = s.{k}" for k in keys)
         if name in BATCH_SCOPED and "batch_key" in rows.column_names:
-            # The target files of other batches are skipped (their statistics exclude these values):
-            # a batch's merge costs the same in a year-old archive as in a new one.
-            batches = sorted(set(rows.column("batch_key").to_pylist()))
-            predicate = f"t.batch_key IN ({', '.join(sql_literal(b) for b in batches)}) AND {predicate}"
+            scope = "batch_key"
+        if scope is not None:
+            # The target files of other batches (other files) are skipped (their statistics exclude these
+            # values): a batch's merge costs the same in a year-old archive as in a new one.
+            values = sorted(set(rows.column(scope).to_pylist()))
+            predicate = f"t.{scope} IN ({', '.join(sql_literal(v) for v in values)}) AND {predicate}"
         for attempt in _commit_attempts():
             with attempt:  # each attempt merges against the table as it is now
                 table = DeltaTable(uri, storage_options=self._options())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import stat as stat_mod
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
@@ -47,6 +49,12 @@ class VideoVolume(ConfigurableResource):
     batch_size: int = Field(default=50, ge=1, description="Most files in one upload batch (partition)")
     max_files_per_call: int = Field(
         default=500, ge=1, description="Most new files hashed per sensor tick; the rest wait for the next tick"
+    )
+    full_listing_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="A local volume's sensor ticks list only the folders that changed since the last tick; every "
+        "this many seconds a tick lists everything (a file rewritten in place changes no folder). 0: every tick",
     )
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
@@ -122,26 +130,65 @@ class VideoVolume(ConfigurableResource):
     def _wanted(self, name: str) -> bool:
         if name.startswith("."):  # hidden files and partial uploads (.part, .tmp...)
             return False
-        return self.include_all_files or name.lower().endswith(tuple(s.lower() for s in self.suffixes))
+        return self.include_all_files or name.lower().endswith(_lowered(tuple(self.suffixes)))
 
     def _walk_local(self, root: str) -> Listing:
+        return self._walk(root, None, skip=None).listing
+
+    def local_root(self) -> str:
+        """A local volume's root folder as its listings name it (normalised)."""
+        return self._fs()[1]
+
+    def changed_listing(self, folders: dict | None, streams: bool) -> Walk:
+        """The files of a local volume's folders that changed since ``folders`` (the ``Walk.folders`` an earlier
+        call returned; None: every folder), under ``streams/`` (``streams``) or everywhere else. A folder's mtime
+        moves when an entry is added, removed or renamed in it, so an unchanged folder is not listed: its
+        subfolders are taken from ``folders`` and only stat'ed. A tick then costs a stat per folder plus the
+        changed folders' entries, not the archive. A file rewritten in place moves no folder: a full listing
+        (``folders`` None, every ``full_listing_s``) finds it."""
+        _, root, remote = self._fs()
+        if remote:
+            raise ValueError("changed_listing lists a local volume; a bucket is listed whole")
+        top = os.path.join(root, "streams") if streams else root
+        if streams and not os.path.isdir(top):
+            return Walk(Listing([], []), {}, [])
+        return self._walk(top, folders, skip=None if streams else os.path.join(root, "streams"))
+
+    def _walk(self, top: str, known: dict | None, skip: str | None) -> Walk:
         files: list[VolumeFile] = []
         refused: list[Refused] = []
-        pending = [root]
+        folders: dict[str, list] = {}  # folder -> [mtime_ns, subfolders]: the next call's ``known``
+        changed: list[str] = []
+        pending = [top]
         while pending:
             folder = pending.pop()
+            try:
+                mtime_ns = os.stat(folder, follow_symlinks=False).st_mtime_ns
+            except FileNotFoundError:  # removed since its parent was listed
+                continue
+            except OSError as exc:
+                refused.append(Refused(folder, f"folder not readable: {exc.strerror or exc}"))
+                continue
+            before = (known or {}).get(folder)
+            if before is not None and before[0] == mtime_ns:  # nothing added, removed or renamed here
+                folders[folder] = before
+                pending.extend(before[1])
+                continue
             try:
                 entries = list(os.scandir(folder))
             except OSError as exc:  # unreadable subfolder: say so, keep listing the rest
                 refused.append(Refused(folder, f"folder not readable: {exc.strerror or exc}"))
                 continue
+            changed.append(folder)
+            subfolders = []
             for entry in entries:
                 if entry.name.startswith("."):
                     continue
                 if entry.is_symlink():
                     refused.append(Refused(entry.path, _link_reason(entry.path)))
                 elif entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
+                    if entry.path != skip:
+                        subfolders.append(entry.path)
                 elif not self._wanted(entry.name):
                     continue
                 elif not _utf8(entry.path):  # the tables store names as UTF-8 text
@@ -151,7 +198,10 @@ class VideoVolume(ConfigurableResource):
                     files.append(VolumeFile(entry.path, st.st_size, _mtime(st.st_mtime_ns)))
                 else:  # a FIFO would block the hasher forever; devices and sockets are not uploads
                     refused.append(Refused(entry.path, "not a regular file (fifo, socket or device): not read"))
-        return Listing(sorted(files, key=lambda f: f.uri), sorted(refused, key=lambda r: r.uri))
+            folders[folder] = [mtime_ns, sorted(subfolders)]
+            pending.extend(subfolders)
+        listing = Listing(sorted(files, key=lambda f: f.uri), sorted(refused, key=lambda r: r.uri))
+        return Walk(listing, folders, sorted(changed))
 
     def refusal(self, uri: str) -> str | None:
         """Why ``uri`` must not be read (outside the root, or reached through a link), or None.
@@ -224,6 +274,21 @@ class VolumeUnavailable(RuntimeError):
 
 class RefusedPath(PermissionError):
     """A path this volume must not read: outside its root, a link, or not a regular file."""
+
+
+@dataclass
+class Walk:
+    """A local walk: the files and refused entries of the folders it listed, every folder's mtime and subfolders
+    (``[mtime_ns, [subfolder, ...]]``, for the next walk) and the folders it listed (changed)."""
+
+    listing: Listing
+    folders: dict[str, list] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+
+
+@functools.cache
+def _lowered(suffixes: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(s.lower() for s in suffixes)  # once, not per file: a 20,000-file listing spent 0.3 s here
 
 
 def _mtime(ns: int) -> float:

@@ -54,9 +54,16 @@ def test_core_never_imports_dagster_or_resources():
 
 
 def test_importing_every_core_module_loads_no_dagster():
-    """The same rule at run time, transitively: a fresh interpreter imports all of core."""
+    """The same rule at run time, transitively: a fresh interpreter imports all of core (the served vLLM
+    application's classes only where vLLM is installed: Ray Serve LLM imports it)."""
+    import importlib.util
+
+    needs_vllm = {"video_assets.core.serving.vllm_server"}
     modules = sorted(
-        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in CORE.rglob("*.py")
+        m
+        for p in CORE.rglob("*.py")
+        if (m := ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")) not in needs_vllm
+        or importlib.util.find_spec("vllm") is not None
     )
     code = (
         "import importlib, sys\n"

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("probe", "sampling", "frames", "delta", "pipeline", "throughput", "archive", "latency", "models")
-NO_VIDEO = {"models"}  # sections that decode no video (no ffmpeg needed)
+SECTIONS = ("probe", "sampling", "frames", "delta", "ticks", "pipeline", "throughput", "archive", "latency", "models")
+NO_VIDEO = {"models", "ticks"}  # sections that decode no video (no ffmpeg needed)
 SUFFIXES = (".mp4", ".mkv", ".webm", ".avi", ".mpg", ".mov")
 
 

@@ -90,35 +90,38 @@ class Discovery:
 def discover(
     files: Iterable[VolumeFile],
     seen: set[tuple[str, int, int]],
-    known_ids: Mapping[str, str],
+    known_ids: Mapping[str, str] | Callable[[list[str]], Mapping[str, str]],
     hasher: Callable[[str], str],
     max_files: int | None = None,
     unreadable: list[Refused] | None = None,
 ) -> tuple[list[Discovery], int]:
     """Hash the files not seen before; mark those whose bytes are already known as duplicates.
 
-    ``seen``: fingerprints already in the manifest; ``known_ids``: video_id -> uri registered.
+    ``seen``: fingerprints already in the manifest; ``known_ids``: video_id -> uri registered, or a function
+    that answers that for the ids just hashed (so a caller looks up only those, not the whole archive).
     Returns the discoveries and how many new files were left for a later call (``max_files``).
     ``unreadable``: when given, a file the hasher cannot read (``OSError``: no permission, gone, a
     link swapped in) is appended with the reason instead of failing the whole listing; it is not in
     the manifest, so a later call tries it again.
     """
     fresh = [f for f in sorted(files, key=lambda f: f.uri) if fingerprint(f) not in seen]
-    ids = dict(known_ids)
-    out = []
+    hashed: list[tuple[VolumeFile, str]] = []
     tried = 0
     for f in fresh:
-        if max_files is not None and len(out) >= max_files:
+        if max_files is not None and len(hashed) >= max_files:
             break  # unreadable files do not count against the bound: they cannot starve the rest
         tried += 1
         try:
-            vid = hasher(f.uri)
+            hashed.append((f, hasher(f.uri)))
         except OSError as exc:
             if unreadable is None:
                 raise
             unreadable.append(Refused(f.uri, f"not readable: {exc.__class__.__name__}: {exc.strerror or exc}"))
-            continue
-        dup = ids.get(vid)
+    known = known_ids(sorted({vid for _, vid in hashed})) if callable(known_ids) else known_ids
+    ids: dict[str, str] = {}  # the bytes this call registers, first file first
+    out = []
+    for f, vid in hashed:
+        dup = known.get(vid) or ids.get(vid)
         if dup is None:
             ids[vid] = f.uri
         out.append(Discovery(f.uri, f.size_bytes, f.mtime, vid, dup))

@@ -6,6 +6,7 @@ Shared by the upload sensor and the `video-assets register` command, so both mak
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -60,6 +61,24 @@ def read_manifest(tables: DeltaTables) -> pl.DataFrame:
     return tables.read(BATCH_MANIFEST, SCHEMAS[BATCH_MANIFEST])
 
 
+def manifest_of(tables: DeltaTables, uris: list[str]) -> pl.DataFrame:
+    """The manifest rows of ``uris`` only (pushed down to Delta): what a tick that listed a few changed folders
+    needs to know which of their files are new, however large the archive."""
+    return tables.read(BATCH_MANIFEST, SCHEMAS[BATCH_MANIFEST], where=pl.col("uri").is_in(uris))
+
+
+def batched_ids(tables: DeltaTables, video_ids: list[str]) -> dict[str, str]:
+    """video_id -> the uri first registered with those bytes, for ``video_ids`` only (pushed down to Delta)."""
+    if not video_ids:
+        return {}
+    rows = tables.read(
+        BATCH_MANIFEST,
+        SCHEMAS[BATCH_MANIFEST],
+        where=pl.col("video_id").is_in(video_ids) & (pl.col("status") == "batched"),
+    ).sort("discovered_at", "uri")
+    return dict(reversed(rows.select("video_id", "uri").rows()))  # the first registration wins
+
+
 def manifest_batch_keys(manifest: pl.DataFrame) -> list[str]:
     return sorted(manifest.get_column("batch_key").drop_nulls().unique().to_list())
 
@@ -82,16 +101,21 @@ def register_new_files(
     files: list[VolumeFile] | None = None,
     now: datetime | None = None,
     manifest: pl.DataFrame | None = None,
+    partial: bool = False,
 ) -> RegistrationPlan:
     """Hash unseen files (at most ``volume.max_files_per_call``), batch them, append to the manifest.
 
     The manifest is written before any partition is added, so a crash in between is repaired by
     the next call (batches in the manifest that are not partitions yet get added then).
-    ``manifest``: the manifest as just read by the caller, to save a second read.
+    ``manifest``: the manifest as just read by the caller, to save a second read; ``partial``: it holds only the
+    rows of ``files`` (``manifest_of``), so the bytes already registered elsewhere are looked up for the new
+    files' ids alone (``batched_ids``).
     """
     now = now or datetime.now(UTC)
     files = volume.list_files() if files is None else files
     seen, known = _seen(read_manifest(tables) if manifest is None else manifest)
+    if partial:
+        known = functools.partial(batched_ids, tables)
     unreadable: list[Refused] = []
     found, remaining = registry.discover(
         files, seen, known, volume.content_hash, volume.max_files_per_call, unreadable=unreadable
@@ -99,7 +123,8 @@ def register_new_files(
     batches = registry.plan_batches(found, now, volume.batch_size)
     rows = registry.manifest_rows(found, batches, now)
     if rows:
-        tables.merge(BATCH_MANIFEST, to_arrow(BATCH_MANIFEST, rows), KEYS[BATCH_MANIFEST], update=False)
+        manifest_rows = to_arrow(BATCH_MANIFEST, rows)
+        tables.merge(BATCH_MANIFEST, manifest_rows, KEYS[BATCH_MANIFEST], update=False, scope="uri")
     return RegistrationPlan(
         batches=batches,
         duplicates=[d for d in found if d.duplicate_of],
