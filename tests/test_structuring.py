@@ -1,5 +1,6 @@
 """Prose -> rows with the real tiny Qwen2.5-VL under xgrammar: valid rows, the retry, unparsed rows."""
 
+import contextlib
 import json
 import re
 
@@ -248,10 +249,10 @@ def _timeless(rows):
     return [{k: v for k, v in r.items() if k != "latency_s"} for r in rows]
 
 
-def test_speculative_retry_gives_the_same_rows_in_one_call(engines, uc):
-    """An engine with one lifetime per call (vLLM through Ray Data) gets the retry requests with the
-    first pass; the rows are the same as with a second call."""
-    engine = engines["none"]
+@contextlib.contextmanager
+def counted(engine):
+    """The sizes of ``engine``'s generate calls, as they are made (the real engine answers); afterwards the
+    engine is as it was (no speculative retry)."""
     calls = []
     real = engine.generate
 
@@ -261,12 +262,20 @@ def test_speculative_retry_gives_the_same_rows_in_one_call(engines, uc):
 
     engine.generate = counting
     try:
-        capped = _timeless(structure_captions(engine, uc, CAPTIONS, 6, 8))  # 6 tokens: every first pass fails
-        engine.speculative_retry = True
-        assert _timeless(structure_captions(engine, uc, CAPTIONS, 6, 8)) == capped
+        yield calls
     finally:
         engine.speculative_retry = False
         del engine.generate
+
+
+def test_speculative_retry_gives_the_same_rows_in_one_call(engines, uc):
+    """An engine with one lifetime per call (vLLM through Ray Data) gets the retry requests with the
+    first pass; the rows are the same as with a second call."""
+    engine = engines["none"]
+    with counted(engine) as calls:
+        capped = _timeless(structure_captions(engine, uc, CAPTIONS, 6, 8))  # 6 tokens: every first pass fails
+        engine.speculative_retry = True
+        assert _timeless(structure_captions(engine, uc, CAPTIONS, 6, 8)) == capped
     ok = sum(c["status"] == "ok" for c in CAPTIONS)
     assert calls == [ok, ok, 2 * ok]  # two calls, then one with first pass + retries
     assert {r["status"] for r in capped} <= {"retried", "unparsed", "no_caption"}
@@ -283,26 +292,16 @@ def test_every_use_case_of_a_batch_shares_one_call_of_a_speculative_engine(engin
              "prompt_version": 1} for i, c in enumerate(CAPTIONS)]  # fmt: skip
     work = [(uc, rows), (uc_mod.load("loss_prevention"), rows[:2])]
     engine = engines["none"]
-    calls = []
-    real = engine.generate
-
-    def counting(requests):
-        calls.append(len(requests))
-        return real(requests)
 
     def stable(out):
         return [{k: v for k, v in r.items() if k not in ("latency_s", "structured_at")} for r in out]
 
-    engine.generate = counting
-    try:
+    with counted(engine) as calls:
         each = stable(structure_use_cases(engine, settings, work, "s"))  # a loaded engine: a call per use case
         assert len(calls) == 2 * 2  # first pass, then the retries, per use case
         calls.clear()
         engine.speculative_retry = True
         together = stable(structure_use_cases(engine, settings, work, "s"))
-    finally:
-        engine.speculative_retry = False
-        del engine.generate
     ok = sum(c["status"] == "ok" for c in CAPTIONS)
     assert calls == [2 * ok + 2 * 2]  # one call: both use cases' first passes and retries
     assert together == each
