@@ -63,6 +63,7 @@ def structured_events(
         context.log.info(f"{plan.stale} rows describe captions that were replaced or are gone: removed")
     work = [(uc, plan.todo[uc.name]) for uc in use_cases if plan.todo[uc.name]]
     new_rows: list[dict] = []
+    engine = None  # none started when every caption is structured already
     if work:
         engine = structuring_engine(
             structurer, vlm, mlflow_registry, model_version, lambda: connect_ray(context, ray_on_demand)
