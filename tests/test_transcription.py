@@ -6,7 +6,7 @@ Runs on a clean clone: the corpus clips are used when present, the bundled subse
 
 import csv
 import json
-import os
+import random
 import re
 from pathlib import Path
 
@@ -251,7 +251,9 @@ def test_damaged_files_give_an_error_row(transcriber, tmp_path, speech_clip):
     half = tmp_path / "half.mp4"
     half.write_bytes(speech_clip.read_bytes()[: speech_clip.stat().st_size // 2])  # moov is at the end: gone
     garbage = tmp_path / "garbage.mp4"
-    garbage.write_bytes(os.urandom(4096))
+    # Fixed bytes: about 1 in 300 random 4 KB blobs opens as some container (FFmpeg's lrc lyrics format) with no
+    # audio, which is a no_audio row, not this test's error (seen once in make test).
+    garbage.write_bytes(random.Random(0).randbytes(4096))
     dead_audio = overwrite(speech_clip, tmp_path / "dead_audio.mp4", audio_packets(speech_clip))
     for path in (cut_sample, half, garbage, dead_audio):
         rows = transcribe_video(video_row(path), transcriber)
