@@ -259,7 +259,7 @@ def read_answer(row: dict[str, Any]) -> Answer:
     latency = float(row.get("endpoint_s") or 0.0)
     if row.get(ERROR_KEY):
         return Answer(latency_s=latency, error=str(row[ERROR_KEY]))
-    resp = json.loads(row[RESPONSE]) if row.get(RESPONSE) else row.get("http_response") or {}
+    resp = json.loads(row[RESPONSE]) if row.get(RESPONSE) else {}
     if not isinstance(resp, dict):
         return Answer(latency_s=latency, error=f"unparsable answer (not a JSON object): {str(resp)[:120]}")
     if resp.get("error"):

@@ -28,8 +28,7 @@ def endpoint(spec) -> dict:
 
 def deployment(spec, app: str) -> str:
     """The deployment of application ``app`` whose replicas hold the engine."""
-    module = _module(spec)
-    return module.deployment_name(app) if module.__name__.endswith(".llm") else module.DEPLOYMENT
+    return _module(spec).deployment_name(app)
 
 
 def replicas(spec, app: str) -> int:

@@ -126,6 +126,15 @@ def key_sha256(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest() if key else ""
 
 
+def bearer_ok(authorization: str, digest: str) -> bool:
+    """Whether an ``Authorization`` header carries the bearer key ``digest`` is the digest of (``key_sha256``);
+    with no digest, every request is. The one check of the served routes (this replica, ``vllm_server``)."""
+    if not digest:
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(key_sha256(token.strip()), digest)
+
+
 @serve.ingress(api)
 class CaptionerReplica:
     """One replica: the engine loaded once (its model fetched and verified on this node), then every caption,
@@ -177,10 +186,7 @@ class CaptionerReplica:
             return fn(*args)
 
     def _authorised(self, request: Request) -> bool:
-        if not self._key:
-            return True
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(key_sha256(token.strip()), self._key)
+        return bearer_ok(request.headers.get("authorization", ""), self._key)
 
     @api.get("/v1/models")
     async def models(self, request: Request):
@@ -397,16 +403,16 @@ def check_route(spec: JobSpec, name: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def run_once(name: str, application, retire, http: dict | None = None, route: bool = True) -> str:
+def run_once(name: str, application, retire, http: dict | None = None) -> str:
     """Serve application ``name`` (``application()``, bound) deployed unless it runs already, after
-    ``retire(keep=name)`` deleted the idle applications it replaces; with ``route``, at ``/<name>`` on Serve's
-    HTTP proxy (``http``: where it listens, when this starts Serve). Returns ``name``."""
+    ``retire(keep=name)`` deleted the idle applications it replaces, at ``/<name>`` on Serve's HTTP proxy
+    (``http``: where it listens, when this starts Serve). Returns ``name``."""
     if app_status(name) in LIVE:
         return name
     start_serve(http)
     retire(keep=name)
     try:
-        serve.run(application(), name=name, route_prefix=f"/{name}" if route else None)
+        serve.run(application(), name=name, route_prefix=f"/{name}")
         return name
     except Exception:
         if app_status(name) in LIVE:  # another step deployed it meanwhile
@@ -451,15 +457,13 @@ def serve_config(spec: JobSpec) -> dict:
     """A Serve config file (``serve deploy`` / ``serve run`` / a RayService's ``serveConfigV2``) holding
     ``spec``'s caption application under the name the steps look for, at its route: a step that finds it
     running uses it as it is instead of deploying its own."""
-    return config_file(app_name(spec), BUILDER, spec_args(spec), route=True, http=spec.serve)
+    return config_file(app_name(spec), BUILDER, spec_args(spec), http=spec.serve)
 
 
-def config_file(name: str, import_path: str, args: dict, route: bool = False, http: dict | None = None) -> dict:
-    """A Serve config of one application built by ``import_path(args)``: at ``/<name>`` on the HTTP proxy
-    (``http``: its host and port) with ``route``, else reached by handles only (no proxy)."""
-    app = {"name": name, "route_prefix": f"/{name}" if route else None, "import_path": import_path, "args": args}
-    if not route:
-        return {"proxy_location": "Disabled", "applications": [app]}
+def config_file(name: str, import_path: str, args: dict, http: dict | None = None) -> dict:
+    """A Serve config of one application built by ``import_path(args)``, at ``/<name>`` on the HTTP proxy
+    (``http``: its host and port)."""
+    app = {"name": name, "route_prefix": f"/{name}", "import_path": import_path, "args": args}
     return {"proxy_location": "HeadOnly", "http_options": _proxy(http), "applications": [app]}
 
 
@@ -480,6 +484,11 @@ def retire_idle(keep: str) -> list[str]:
         except Exception:  # gone meanwhile, or not answering: Serve scales it down after its idle delay
             continue
     return deleted
+
+
+def deployment_name(app: str) -> str:
+    """The deployment of application ``app`` whose replicas hold the engine (the same in every application)."""
+    return DEPLOYMENT
 
 
 def replicas(name: str) -> int:

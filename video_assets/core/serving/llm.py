@@ -193,7 +193,7 @@ def spec_from_args(args: dict) -> JobSpec:
 def serve_config(spec: JobSpec) -> dict:
     """A Serve config file (``serve deploy`` / a RayService's ``serveConfigV2``) holding ``spec``'s vLLM
     application under the name the steps look for, at its route: a step that finds it running uses it as it is."""
-    return config_file(app_name(spec), BUILDER, spec_args(spec), route=True, http=spec.serve)
+    return config_file(app_name(spec), BUILDER, spec_args(spec), http=spec.serve)
 
 
 def replicas(name: str) -> int:

@@ -11,14 +11,13 @@ annotations``: FastAPI reads the route methods' annotations (``Request``) at run
 
 import asyncio
 import functools
-import hmac
 import inspect
 
 from fastapi import HTTPException, Request
 from ray.serve.llm.deployment import LLMServer
 from ray.serve.llm.ingress import OpenAiIngress
 
-from video_assets.core.serving.captioner import key_sha256
+from video_assets.core.serving.captioner import bearer_ok
 
 MODEL_KEY = "video_assets_model"  # the LLMConfig's experimental_configs entry: the registered model's files
 
@@ -58,10 +57,7 @@ class KeyedIngress(OpenAiIngress):
         self._key = key_sha256
 
     def _authorise(self, request) -> None:
-        if not self._key:
-            return
-        scheme, _, token = (request.headers.get("authorization", "") if request is not None else "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key_sha256(token.strip()), self._key):
+        if not bearer_ok(request.headers.get("authorization", "") if request is not None else "", self._key):
             raise HTTPException(401, "a bearer key is required (the instance's serve key)")
 
     async def models(self, request: Request):
