@@ -62,6 +62,26 @@ def kill_tree_and_self(reason: str) -> None:
     os.kill(me.pid, signal.SIGKILL)
 
 
+def forkserver_ends_with_its_run() -> bool:
+    """In the multiprocess executor's forkserver (it preloads ``resources.forkserver``): the kernel SIGKILLs it
+    when the run process that started it dies. The forkserver exits on its own only once every holder of its
+    "alive" pipe is gone, and each step it forks holds one: a stop once left it running after the run and its
+    steps had ended (CI, under load). A forked step does not inherit this. Linux only; False elsewhere."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    # The run process may have died before the call: then this process was re-parented already.
+    if os.getppid() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
 def _kill(processes: list[psutil.Process]) -> None:
     for proc in processes:
         try:

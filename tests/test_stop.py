@@ -71,13 +71,21 @@ def _after(instance: DagsterInstance, since: float, kind: DagsterEventType) -> l
 
 
 def _work_after(instance: DagsterInstance, since: float) -> list[str]:
-    """Steps that did anything after the signal. Dagster may record the start of the step it was about to run
-    when the signal came and fail that step as interrupted at once: such a step did nothing."""
-    started = {e.step_key for e in _after(instance, since, DagsterEventType.STEP_START)}
-    failed = {e.step_key for e in _after(instance, since, DagsterEventType.STEP_FAILURE)}
+    """Steps launched after the signal that did anything. Dagster may record the start of the step it was about
+    to run when the signal came and fail that step as interrupted at once: such a step did nothing. A step the
+    executor launched before the signal (its STEP_WORKER_STARTING earlier) may report its start, and finish a
+    short step such as an asset check, after it: not work started after the stop."""
+    records = instance.get_event_records(
+        EventRecordsFilter(event_type=DagsterEventType.STEP_WORKER_STARTING), limit=1000
+    )
+    launched = {(e.run_id, e.step_key) for r in records if (e := r.event_log_entry).timestamp <= since}
+    started = {(e.run_id, e.step_key) for e in _after(instance, since, DagsterEventType.STEP_START)}
+    failed = {(e.run_id, e.step_key) for e in _after(instance, since, DagsterEventType.STEP_FAILURE)}
     done = [*_after(instance, since, DagsterEventType.STEP_SUCCESS)]
     done += _after(instance, since, DagsterEventType.ASSET_MATERIALIZATION)
-    return sorted(started - failed) + [f"{e.step_key} (done)" for e in done]
+    return sorted(key for _, key in started - failed - launched) + [
+        f"{e.step_key} (done)" for e in done if (e.run_id, e.step_key) not in launched
+    ]
 
 
 @pytest.mark.slow

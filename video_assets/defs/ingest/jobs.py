@@ -6,9 +6,10 @@ from resources.settings import batch_max_runtime_s
 from video_assets.defs.common import PER_BATCH_TAG
 
 # Steps still run in their own processes (a model load or a crash stays inside its step), but forked
-# from a server that has already imported the code location: 6-10 s less per step.
+# from a server that has already imported the code location: 6-10 s less per step. The server dies with the
+# run process (resources/forkserver.py).
 forkserver_executor = multiprocess_executor.configured(
-    {"start_method": {"forkserver": {"preload_modules": ["video_assets.definitions"]}}}
+    {"start_method": {"forkserver": {"preload_modules": ["resources.forkserver", "video_assets.definitions"]}}}
 )
 
 # Every per-batch asset: the ones batch_asset defines (partitioned by video_batches), found by the tag it
