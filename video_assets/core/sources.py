@@ -5,6 +5,7 @@ names both come from here, so each changes with exactly the code it runs."""
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -50,8 +51,16 @@ def imported_names(path: Path) -> set[str]:
 
 
 def imports(path: Path, root: Path) -> set[Path]:
-    """Project files ``path`` imports (``imported_names`` that are files of the package)."""
-    return {f for name in imported_names(path) if (f := _module_file(name, root)) is not None}
+    """Project files ``path`` imports (``imported_names`` that are files of the package). Each file is parsed once
+    per process while its stamp holds: every stage's closure walks the same shared modules (importing the
+    definitions parsed about 650 files, 1.7 s of its 4.2 s)."""
+    stat = path.stat()
+    return set(_imports(path, root, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _imports(path: Path, root: Path, mtime_ns: int, size: int) -> frozenset[Path]:
+    return frozenset(f for name in imported_names(path) if (f := _module_file(name, root)) is not None)
 
 
 def closure(start: list[Path], root: Path = PACKAGE) -> list[Path]:
