@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import openai
-
 SETTING = "LLM_BASE_URL"  # the setting an operator changes when the endpoint cannot be reached
 
 
-REJECTED = (openai.BadRequestError, openai.UnprocessableEntityError)
+def _rejected() -> tuple[type[Exception], ...]:
+    """400 and 422: the server does not take the request's form. (``openai`` is imported when a client is
+    made: 0.7 s that every process loading the definitions paid, most never calling an LLM.)"""
+    import openai
+
+    return (openai.BadRequestError, openai.UnprocessableEntityError)
 
 
 class LlmUnavailable(RuntimeError):
@@ -26,6 +29,8 @@ class LlmClient:
         self.base_url = base_url.rstrip("/")
         self._model = model
         self.timeout_s = float(timeout_s)
+        import openai
+
         self._client = openai.OpenAI(
             base_url=self.base_url, api_key=api_key or "EMPTY", timeout=self.timeout_s, max_retries=1
         )
@@ -60,7 +65,7 @@ class LlmClient:
         fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": json_schema}}
         try:
             return self._complete(messages, response_format=fmt, **extra)
-        except REJECTED:  # 400/422: this server does not take response_format
+        except _rejected():  # 400/422: this server does not take response_format
             pass
         instruction = "Reply with JSON only, matching this JSON schema:\n" + json.dumps(json_schema)
         asked = [*messages[:-1], {**messages[-1], "content": f"{messages[-1]['content']}\n\n{instruction}"}]
@@ -74,6 +79,8 @@ class LlmClient:
         return (reply.choices[0].message.content or "").strip() if reply.choices else ""
 
     def _call(self, fn):
+        import openai
+
         try:
             return fn()
         except (openai.APIConnectionError, openai.APITimeoutError) as exc:
@@ -81,7 +88,7 @@ class LlmClient:
                 f"the LLM endpoint {self.base_url} cannot be reached ({exc.__class__.__name__}: {exc}); "
                 f"check {SETTING} (unset it to answer without a language model)"
             ) from exc
-        except REJECTED:
+        except _rejected():
             raise
         except openai.APIStatusError as exc:
             raise LlmUnavailable(
