@@ -545,30 +545,32 @@ def test_a_dagster_outside_the_cluster_runs_the_batch_through_ray_client(
 
 def test_the_accelerator_pool_follows_the_clusters_gpus(two_node_cluster, dagster_home, monkeypatch, capsys):
     """`video-assets pools --from-cluster` asks the cluster: no GPUs, one model step at a time; a node
-    declaring two GPUs of type H100 joins (Ray's logical GPUs stand in for real ones): two slots, and none
-    of them for engines pinned to another GPU type."""
+    declaring eight GPUs of type H100 joins (Ray's logical GPUs stand in for real ones): eight slots, and none
+    of them for engines pinned to another GPU type. The run limit follows (one run more than the slots), read
+    back from the instance as a restarted daemon reads it."""
     from dagster import DagsterInstance
 
     from video_assets.cli import main
     from video_assets.defs.common import ACCELERATOR_POOL
 
-    def slots() -> int:
+    def limits() -> tuple[int, int]:
         with DagsterInstance.get() as instance:
-            return instance.event_log_storage.get_concurrency_info(ACCELERATOR_POOL).slot_count
+            slots = instance.event_log_storage.get_concurrency_info(ACCELERATOR_POOL).slot_count
+            return slots, instance.get_concurrency_config().run_queue_config.max_concurrent_runs
 
     address = two_node_cluster[0]
     monkeypatch.setenv("RAY_ADDRESS", address)
     assert main(["pools", "--from-cluster"]) == 0
-    assert "cluster GPUs 0" in capsys.readouterr().out and slots() == 1
+    assert "cluster GPUs 0" in capsys.readouterr().out and limits() == (1, 2)
 
-    gpu_node = _join_node(address, num_gpus=2, resources={"accelerator_type:H100": 1})
+    gpu_node = _join_node(address, num_gpus=8, resources={"accelerator_type:H100": 1})
     try:
         assert main(["pools", "--from-cluster"]) == 0
-        assert "cluster GPUs 2" in capsys.readouterr().out and slots() == 2
+        assert "cluster GPUs 8" in capsys.readouterr().out and limits() == (8, 9)
         assert main(["pools", "--from-cluster", "--accelerator-type", "H100"]) == 0
-        assert "cluster GPUs 2 of type H100" in capsys.readouterr().out and slots() == 2
+        assert "cluster GPUs 8 of type H100" in capsys.readouterr().out and limits() == (8, 9)
         assert main(["pools", "--from-cluster", "--accelerator-type", "A100"]) == 0
-        assert "cluster GPUs 0 of type A100" in capsys.readouterr().out and slots() == 1
+        assert "cluster GPUs 0 of type A100" in capsys.readouterr().out and limits() == (1, 2)
     finally:
         _stop_node(gpu_node, address, "accelerator_type:H100")
     assert not any(n["Alive"] and "accelerator_type:H100" in n["Resources"] for n in _alive_nodes(address))

@@ -162,21 +162,34 @@ def test_decode_beside_vllm_is_sized_to_its_engines_by_the_calibrated_model():
     assert decode_slots(spec(3.0, resources={"decode": 1}), cluster_cpus=64) == 2  # pinned: as configured
 
 
-def test_the_accelerator_pool_is_set_from_the_command_line(dagster_home, monkeypatch):
+def test_the_accelerator_pool_is_set_from_the_command_line(dagster_home, monkeypatch, capsys):
     """`video-assets pools`: the accelerator pool's slots on the instance (dagster.yaml cannot take them
-    from the environment); --from-cluster only with a cluster (an embedded Ray per step sees every GPU)."""
+    from the environment) and the run limit in dagster.yaml; --from-cluster only with a cluster (an embedded
+    Ray per step sees every GPU)."""
     from dagster import DagsterInstance
 
     from video_assets.cli import main
     from video_assets.core.throughput import accelerator_slots
     from video_assets.defs.common import ACCELERATOR_POOL
 
+    def run_limit() -> int:
+        with DagsterInstance.get() as instance:  # a new instance reads dagster.yaml again, as a restarted daemon
+            return instance.get_concurrency_config().run_queue_config.max_concurrent_runs
+
+    assert run_limit() == 2  # the laptop default (dagster_home/dagster.yaml)
     assert main(["pools", "--slots", "3"]) == 0
     with DagsterInstance.get() as instance:
         assert instance.event_log_storage.get_concurrency_info(ACCELERATOR_POOL).slot_count == 3
+    assert run_limit() == 4  # one run more than the slots: a run in its CPU stages beside those on the GPUs
+    assert "max_concurrent_runs: 4" in (dagster_home / "dagster.yaml").read_text()
+    assert main(["pools", "--slots", "1"]) == 0 and run_limit() == 2
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert main(["pools", "--from-cluster"]) == 2
     assert main(["pools", "--slots", "0"]) == 2
+    # A dagster.yaml without the line is not guessed at: the command says what to set.
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    assert main(["pools", "--slots", "2"]) == 2
+    assert "max_concurrent_runs: <n>` line: set it to 3 by hand" in capsys.readouterr().err
     # One slot per engine group the GPUs hold, never none.
     assert [accelerator_slots(8, 1), accelerator_slots(8, 2), accelerator_slots(3, 2), accelerator_slots(0, 1)] == [
         8,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shutil
 import sys
 import time
@@ -805,11 +807,31 @@ def serve_command(args) -> int:
     return 0
 
 
+RUN_LIMIT = re.compile(r"^(\s*max_concurrent_runs:[ \t]*)(\d+)([ \t]*(?:#.*)?)$", re.MULTILINE)
+
+
+def set_run_limit(home: Path, runs: int) -> str:
+    """``concurrency.runs.max_concurrent_runs`` in the instance's dagster.yaml, set to ``runs`` (the run queue reads
+    it from there only; the daemon and ``dagster dev`` read it when they start). Returns what was done, or
+    raises ValueError naming the line to write when the file has no such integer line."""
+    config = home / "dagster.yaml"
+    text = config.read_text() if config.exists() else ""
+    found = RUN_LIMIT.findall(text)
+    if len(found) != 1:
+        raise ValueError(f"{config} has no single `max_concurrent_runs: <n>` line: set it to {runs} by hand")
+    if int(found[0][1]) != runs:
+        tmp = config.with_suffix(".yaml.tmp")
+        tmp.write_text(RUN_LIMIT.sub(lambda m: f"{m.group(1)}{runs}{m.group(3)}", text))
+        os.replace(tmp, config)  # whole or not at all: a daemon starting now reads one or the other
+    return f"runs: at most {runs} at once ({config}; restart the daemon or `make ui` to apply)"
+
+
 def pools_command(args) -> int:
     """The accelerator pool's limit (dagster.yaml's ``default_limit`` is 1 and cannot come from the
     environment): several model steps at once only on a shared cluster with the GPUs for them. With an
-    embedded Ray every step starts its own Ray that sees every local GPU, so it stays 1 there."""
-    from video_assets.core.throughput import accelerator_slots, cluster_gpus
+    embedded Ray every step starts its own Ray that sees every local GPU, so it stays 1 there. The run
+    limit follows (``run_limit``: one run more than the slots)."""
+    from video_assets.core.throughput import accelerator_slots, cluster_gpus, run_limit
     from video_assets.defs.common import ACCELERATOR_POOL
 
     slots = args.slots
@@ -838,8 +860,15 @@ def pools_command(args) -> int:
     if slots is None or slots < 1:
         print("video-assets pools: --slots must be at least 1", file=sys.stderr)
         return 2
-    DagsterInstance.get().event_log_storage.set_concurrency_slots(ACCELERATOR_POOL, slots)
+    with DagsterInstance.get() as instance:
+        instance.event_log_storage.set_concurrency_slots(ACCELERATOR_POOL, slots)
+        home = Path(instance.root_directory)
     print(f"pool {ACCELERATOR_POOL}: {slots} slot(s)")
+    try:
+        print(set_run_limit(home, run_limit(slots)))
+    except ValueError as exc:
+        print(f"video-assets pools: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -871,7 +900,9 @@ def main(argv: list[str] | None = None) -> int:
         help="CPUs of the Ray cluster: caps decode workers at what engines leave",
     )
     pools = sub.add_parser(
-        "pools", help="set the accelerator pool: model steps that may run at once across runs (default 1)"
+        "pools",
+        help="set the accelerator pool (model steps that may run at once across runs, default 1) and the run limit "
+        "(one run more than that, default 2)",
     )
     how = pools.add_mutually_exclusive_group(required=True)
     how.add_argument("--slots", type=int, help="this many")

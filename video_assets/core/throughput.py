@@ -165,6 +165,12 @@ def accelerator_slots(cluster_gpus: float, gpus_per_step: int) -> int:
     return max(1, int(cluster_gpus // max(1, gpus_per_step)))
 
 
+def run_limit(slots: int) -> int:
+    """Batch runs at once for ``slots`` accelerator slots: one more than the slots, so a run in its CPU stages
+    (registration, probing, decode) overlaps those holding engines; 2 for the laptop's single slot."""
+    return max(1, slots) + 1
+
+
 def predict(costs: StageCosts, video_s: float, cpu_workers: int, engines: int = 1) -> Prediction:
     """Wall time of captioning ``video_s`` seconds of video with ``cpu_workers`` decode tasks in
     parallel and ``engines`` engines."""
