@@ -27,6 +27,11 @@ def dagster_home() -> Path:
     return Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / "dagster_home").resolve()
 
 
+def dagster_home_set() -> bool:
+    """Whether DAGSTER_HOME is set: the instance's dagster.yaml reads it, so there is no instance without it."""
+    return bool(os.environ.get("DAGSTER_HOME"))
+
+
 def env_or(name: str, default: Any, field: tuple[type[BaseModel], str] | None = None) -> Any:
     """``EnvVar(name)`` when set and non-empty, else ``default``. With ``field`` (a resource class and the
     name of a number field, which Dagster's EnvVar cannot carry: it holds strings, and ints without bounds):

@@ -29,13 +29,36 @@ def test_batch_pipeline_runs_exactly_the_per_batch_assets():
     assert job.partitions_def == video_batches
     assert defs.resolve_sensor_def("upload_sensor").job_name == job.name
     # A batch's run covers every asset partitioned by batch, and nothing that reads all batches.
-    per_batch = {k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def == video_batches}
+    per_batch = {
+        k
+        for k in graph.get_all_asset_keys()
+        if graph.get(k).partitions_def == video_batches and graph.get(k).is_executable
+    }
     assert per_batch, "no asset is partitioned by video_batches"
     assert set(job.asset_layer.executable_asset_keys) == per_batch
     # Its runs have a maximum runtime the daemon's run monitoring enforces, with the blocking captions check.
     assert job.tags["dagster/max_runtime"] == "21600"
     checks = {k.name for k in job.asset_layer.asset_graph.asset_check_keys}
     assert "captions_mostly_captioned" in checks
+
+
+def test_tables_written_outside_runs_are_assets_of_the_graph_with_their_readers():
+    """Issue 41, item 1: the four tables written by something other than their own step are asset specs (not
+    run by any job) with the edges of who reads them; each writer reports its writes as materialisations."""
+    graph = defs.resolve_asset_graph()
+
+    def parents(name: str) -> set[str]:
+        return {k.to_user_string() for k in graph.get(AssetKey(name)).parent_keys}
+
+    written_outside = {"review_labels", "stream_segments", "alert_deliveries", "sampled_frames"}
+    for name in written_outside:
+        assert not graph.get(AssetKey(name)).is_executable, name  # no job materialises it: its writer reports
+    assert "review_labels" in parents("golden_set")
+    assert {"stream_segments", "structured_events"} <= parents("alerts") & parents("review_queue")
+    assert parents("alert_deliveries") == {"alerts"}
+    assert parents("sampled_frames") == {"captions"}
+    assert "sampled_frames" in parents("frames") & parents("frame_embeddings")
+    assert graph.get(AssetKey("sampled_frames")).partitions_def == video_batches
 
 
 def test_the_batch_max_runtime_is_a_setting(monkeypatch):

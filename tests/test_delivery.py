@@ -193,8 +193,13 @@ def test_the_sensor_delivers_and_bad_destinations_name_the_setting(tmp_path, rec
     url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
     tables, delivery = _setup(tmp_path, url)
     result = alert_delivery_sensor(build_sensor_context(resources={"tables": tables, "alert_delivery": delivery}))
-    assert isinstance(result, SkipReason) and "1 sent" in result.skip_message
+    # The rows it wrote are reported as a materialisation of alert_deliveries (a table of the graph).
+    [event] = result.asset_events
+    assert event.asset_key.to_user_string() == "alert_deliveries"
+    assert event.metadata["rows"].value == 1 and event.metadata["sent"].value == 1
     assert len(receiver.state["accepted"]) == 1
+    again = alert_delivery_sensor(build_sensor_context(resources={"tables": tables, "alert_delivery": delivery}))
+    assert isinstance(again, SkipReason) and again.skip_message == "no alert to deliver"  # nothing written: no event
     assert deliver_due(tables, AlertDestinations())["due"] == 0  # none configured: nothing sent
     bad = tmp_path / "bad.toml"
     for text, why in [

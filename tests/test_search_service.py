@@ -5,6 +5,7 @@ thumbnails, click one, and the video plays from the hit's start. The server is s
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -83,7 +84,11 @@ def server(tmp_path_factory):
     log = open(root / "server.log", "w")
     cmd = [sys.executable, "-m", "video_assets.service", "--index", index_uri, "--text-model", str(model)]
     cmd += ["--tables", tables.root_uri, "--port", str(port), "--review-token-file", str(token_file)]
+    home = root / "dagster_home"  # the instance the review page reports its saved labels to
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "VIDEO_SERVICE_ALLOWED_HOSTS": ALSO_HOST}
+    env["DAGSTER_HOME"] = str(home)
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -104,6 +109,7 @@ def server(tmp_path_factory):
             "root": str(root),
             "token": token_file.read_text().strip(),
             "tables": tables,
+            "home": home,
         }
     finally:
         stop(proc, grace_s=20)
@@ -431,7 +437,7 @@ def test_review_queue_and_who_may_write(server):
     assert json.loads(get(f"{url}/api/review/labels?use_case=object_handling")[2])["count"] == 0
 
 
-def test_browser_review_corrects_a_label_that_reaches_the_golden_set(server):
+def test_browser_review_corrects_a_label_that_reaches_the_golden_set(server, monkeypatch):
     from dagster import materialize
 
     from video_assets.core.evaluation.metrics import score_use_case, video_predictions
@@ -481,6 +487,19 @@ def test_browser_review_corrects_a_label_that_reaches_the_golden_set(server):
         {"saved": False, "label_id": label["label_id"], "detail": "already saved (a repeated submit)"},
     )
     assert json.loads(get(f"{url}/api/review/labels?use_case=object_handling")[2])["count"] == 1
+    # The saved label is a materialisation of review_labels on the service's instance (once: the repeat saved
+    # nothing), and golden_set is its downstream in the graph.
+    from dagster import AssetKey, DagsterInstance
+
+    from video_assets.definitions import defs
+
+    monkeypatch.setenv("DAGSTER_HOME", str(server["home"]))
+    with DagsterInstance.get() as instance:
+        records = instance.fetch_materializations(AssetKey("review_labels"), limit=10).records
+    assert len(records) == 1
+    reported = records[0].asset_materialization.metadata
+    assert reported["label_id"].value == label["label_id"] and reported["decision"].value == "corrected"
+    assert AssetKey("review_labels") in defs.resolve_asset_graph().get(AssetKey("golden_set")).parent_keys
     # golden_set takes the label: a new labels version, the clip's reviewed label replacing the shipped one.
     assert materialize([golden_set], resources={"tables": tables}).success
     after = tables.read(GOLDEN_SET, SCHEMAS[GOLDEN_SET]).filter(ix.pl.col("use_case") == "object_handling")

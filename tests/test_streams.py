@@ -139,7 +139,7 @@ def test_a_camera_with_a_wrong_url_never_stops_the_others(hls, tmp_path):
 
 
 @pytest.mark.slow
-def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path):
+def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path, monkeypatch):
     import subprocess
     import sys
 
@@ -166,6 +166,14 @@ def test_video_assets_record_writes_segments_the_volume_registers(hls, tmp_path)
     rows = pl.read_delta(str(tables / "stream_segments")).sort("started_at")
     assert sorted(rows["uri"]) == [str(f) for f in files] and set(rows["camera"]) == {"lab"}
     assert rows["frames"][:4].to_list() == [30, 30, 30, 30] and "hunter2" not in str(rows.to_dicts())
+    assert "not reported" not in done.stderr
+    # Each segment is a materialisation of stream_segments on the recorder's instance (a table of the graph).
+    from dagster import AssetKey, DagsterInstance
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    with DagsterInstance.get() as instance:
+        records = instance.fetch_materializations(AssetKey("stream_segments"), limit=1000).records
+    assert sorted(r.asset_materialization.metadata["uri"].value for r in records) == sorted(rows["uri"])
     # The upload sensor's registration sees every finished segment (the same bytes twice: a duplicate).
     plan = register_new_files(VideoVolume(uri=str(volume)), DeltaTables(root_uri=str(tables)))
     manifest = pl.read_delta(str(tables / "batch_manifest"))

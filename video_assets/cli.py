@@ -258,11 +258,13 @@ def record_command(args) -> int:
 
 def segment_writer(tables):
     """What the recorder does with each finished segment: its ``stream_segments`` row (one writer at a time,
-    each row one commit keyed by the file, so a rerun writes it once), and a line on stdout."""
+    each row one commit keyed by the file, so a rerun writes it once), reported to the instance as a
+    ``stream_segments`` materialisation, and a line on stdout."""
     import threading
     from datetime import UTC, datetime
 
     from video_assets.core.tables import KEYS, STREAM_SEGMENTS, to_arrow
+    from video_assets.defs.reports import report_write
 
     lock = threading.Lock()
 
@@ -273,6 +275,11 @@ def segment_writer(tables):
                 to_arrow(STREAM_SEGMENTS, [{**row, "recorded_at": datetime.now(UTC)}]),
                 KEYS[STREAM_SEGMENTS],
             )
+            try:
+                report_write(STREAM_SEGMENTS, {"camera": row["camera"], "uri": row["uri"], "reason": row["reason"]})
+            except Exception as exc:  # the row is written; only the instance was not told: said, the camera goes on
+                print(f"warning: segment {row['uri']} not reported to the Dagster instance: {exc!r}"[:500],
+                      file=sys.stderr, flush=True)  # fmt: skip
         print(f"{row['camera']}: {row['uri']} ({row['duration_s']:.1f} s, {row['frames']} frames; {row['reason']})",
               flush=True)  # fmt: skip
 
@@ -802,7 +809,11 @@ def serve_command(args) -> int:
     print(f"search index {index.uri}; LLM {getattr(llm, 'base_url', llm) if llm else 'none (extractive answers)'}")
     print(f"serving on http://{args.host}:{args.port}/ (review page: /review; its token: video-assets review-token)")
     token = _review_token()
-    app = create_app(searcher, tables=res["tables"], volume=res["volume"], llm=llm, review_token=token)
+    from video_assets.defs.reports import report_write
+
+    app = create_app(
+        searcher, tables=res["tables"], volume=res["volume"], llm=llm, review_token=token, on_write=report_write
+    )
     serve(app, args.host, args.port)
     return 0
 

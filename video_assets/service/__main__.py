@@ -41,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = LlmClient(args.llm_base_url, args.llm_model) if args.llm_base_url else None
     token = open(args.review_token_file).read().strip() if args.review_token_file else None
-    serve(create_app(searcher, tables=tables, llm=llm, review_token=token), args.host, args.port)
+    from resources.settings import dagster_home_set
+
+    on_write = None
+    if dagster_home_set():  # an instance to tell: saved labels are materialisations of review_labels
+        from video_assets.defs.reports import report_write as on_write
+    serve(create_app(searcher, tables=tables, llm=llm, review_token=token, on_write=on_write), args.host, args.port)
     return 0
 
 

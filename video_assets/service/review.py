@@ -16,6 +16,7 @@ by the page's submission id, so a double submit leaves one label.
 from __future__ import annotations
 
 import hmac
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from video_assets.core.validation import reasons
 
 TOKEN_HEADER = "X-Review-Token"
 PAGE = Path(__file__).resolve().parent / "static" / "review.html"
+log = logging.getLogger("video_assets.review")
 router = APIRouter()
 
 
@@ -173,6 +175,11 @@ async def save_label(request: Request, use_case: str) -> dict:
     # One commit, keyed by the submission id: a repeated submit that raced past the check above still
     # leaves one row (the first; update=False).
     tables.merge(REVIEW_LABELS, to_arrow(REVIEW_LABELS, [row]), ["label_id"], update=False)
+    if (on_write := getattr(request.app.state, "on_write", None)) is not None:  # the instance sees the new label
+        try:
+            on_write(REVIEW_LABELS, {"label_id": row["label_id"], "use_case": use_case, "decision": row["decision"]})
+        except Exception as exc:  # the label is saved; only its report to the instance failed: said, not lost
+            log.warning(f"label {row['label_id']} saved, but not reported to the Dagster instance: {exc!r}"[:500])
     return {"saved": True, "label_id": label.label_id, "decision": row["decision"]}
 
 

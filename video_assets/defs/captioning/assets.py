@@ -1,7 +1,16 @@
 """Captioning stage asset: one Ray Data job per batch, model and prompt resolved through MLflow aliases."""
 
 import polars as pl
-from dagster import AssetExecutionContext, Config, DataVersion, Failure, MaterializeResult, MetadataValue
+from dagster import (
+    AssetExecutionContext,
+    AssetMaterialization,
+    AssetSpec,
+    Config,
+    DataVersion,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+)
 from dagster_ray import RayResource
 from pydantic import Field
 
@@ -11,13 +20,14 @@ from resources.structurer import StructurerSettings
 from resources.vlm import VlmSettings
 from video_assets.core.captioning.versions import caption_versions, captioned_ok, split_key
 from video_assets.core.media.sampling import SamplingConfig
-from video_assets.core.tables import CAPTIONS, SCHEMAS, VIDEO_METADATA
+from video_assets.core.tables import CAPTIONS, SAMPLED_FRAMES, SCHEMAS, VIDEO_METADATA
 from video_assets.core.throughput import calibrated_cpu_to_accelerator
 from video_assets.core.uploads.discovery import printable
 from video_assets.core.vocabulary import CAPTION_ERROR
 from video_assets.defs.caption_job import calibration_runs, run_captioning
-from video_assets.defs.common import ACCELERATOR_POOL, CostBreakdown, batch_asset, table_metadata
+from video_assets.defs.common import ACCELERATOR_POOL, CostBreakdown, batch_asset, stage_asset, table_metadata
 from video_assets.defs.engines import captions_job_spec, preflight, resolve_caption_model
+from video_assets.defs.partitions import video_batches
 from video_assets.defs.ray_session import ray_dashboard
 from video_assets.defs.registry import TINY_WARNING
 
@@ -67,6 +77,18 @@ def _skipped_rows(meta: pl.DataFrame) -> list[dict]:
         }
         for vid, batch, uri, err in meta.select("video_id", "batch_key", "uri", "error").iter_rows()
     ]
+
+
+# Written by the captions step beside its own table (the JPEGs each caption was made from, for the later frame
+# stages): a table of the graph, reported as materialised per batch by that step.
+sampled_frames = AssetSpec(
+    SAMPLED_FRAMES,
+    deps=[CAPTIONS],
+    partitions_def=video_batches,
+    **stage_asset("captioning", SAMPLED_FRAMES),
+    description="The sampled frames (JPEG) each ok caption was made from, a row each; written by the captions "
+    "step, read by frames and frame_embeddings instead of decoding the video again.",
+)
 
 
 # A backfill's range of batches is one step and one Ray job: Ray, the engine actors and the model start
@@ -152,6 +174,14 @@ def captions(
         )
         table_rows = tables.row_count(CAPTIONS)
     errors = out.filter(pl.col("status") == CAPTION_ERROR)
+    for key in batches:  # the side table's rows of these batches were replaced with the captions'
+        context.log_event(
+            AssetMaterialization(
+                SAMPLED_FRAMES,
+                partition=key,
+                metadata={"written_by": "captions", **pair.metadata()},
+            )
+        )
     strips = _thumbnails(stats["previews"])
     return MaterializeResult(
         data_version=DataVersion(f"model-v{model_version}-prompt-v{prompt.version}"),

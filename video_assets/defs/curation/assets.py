@@ -59,7 +59,7 @@ class FramesConfig(Config):
         return CurationConfig.from_dict(values), prompt
 
 
-@batch_asset("curation", CURATED_FRAMES, kinds=("ray",), deps=["captions"], pool=ACCELERATOR_POOL)
+@batch_asset("curation", CURATED_FRAMES, kinds=("ray",), deps=["captions", "sampled_frames"], pool=ACCELERATOR_POOL)
 def frames(
     context: AssetExecutionContext,
     batch: str,

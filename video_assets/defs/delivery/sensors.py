@@ -9,7 +9,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from dagster import DefaultSensorStatus, SensorEvaluationContext, SkipReason, sensor
+from dagster import (
+    AssetMaterialization,
+    DefaultSensorStatus,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
 
 from resources.delivery import AlertDestinations
 from resources.delta import DeltaTables
@@ -86,8 +93,12 @@ def _attempt(delivery: AlertDestinations, alert: dict, dest: Destination) -> tup
 )
 def alert_delivery_sensor(context: SensorEvaluationContext, tables: DeltaTables, alert_delivery: AlertDestinations):
     counts = deliver_due(tables, alert_delivery)
-    return SkipReason(
-        f"{counts['sent']} sent, {counts['retrying']} to retry, {counts['left']} left for the next tick"
-        if counts["due"]
-        else "no alert to deliver"
-    )
+    if not counts["due"]:
+        return SkipReason("no alert to deliver")
+    said = f"{counts['sent']} sent, {counts['retrying']} to retry, {counts['left']} left for the next tick"
+    written = counts["sent"] + counts["retrying"]
+    if not written:
+        return SkipReason(said)
+    context.log.info(said)
+    metadata = {k: counts[k] for k in ("sent", "retrying", "left")}
+    return SensorResult(asset_events=[AssetMaterialization(ALERT_DELIVERIES, metadata={"rows": written, **metadata})])

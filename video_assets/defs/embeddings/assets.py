@@ -47,7 +47,7 @@ def _stamp(rows: list[dict], table: str, **extra) -> list[dict]:
     "embeddings",
     FRAME_EMBEDDINGS,
     kinds=("ray", "mlflow"),
-    deps=["captions", "frame_encoder"],
+    deps=["captions", "sampled_frames", "frame_encoder"],
     pool=ACCELERATOR_POOL,
 )
 def frame_embeddings(

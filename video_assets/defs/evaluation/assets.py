@@ -5,6 +5,7 @@ evaluation logged as an MLflow run."""
 import polars as pl
 from dagster import (
     AssetExecutionContext,
+    AssetSpec,
     AutomationCondition,
     Config,
     DataVersion,
@@ -37,10 +38,19 @@ from video_assets.defs.common import TRANSIENT_RETRY, stage_asset, table_metadat
 from video_assets.defs.lineage import structurer_id, upstream_pair
 from video_assets.defs.scoring import evaluate_candidate
 
+# Written by the review page (`video-assets serve`, /review), outside any run: each save is reported as a
+# materialisation of this asset (service/review.py), so golden_set shows as stale until it runs again.
+review_labels = AssetSpec(
+    REVIEW_LABELS,
+    **stage_asset("evaluation", REVIEW_LABELS),
+    description="Labels people saved on the review page, a row each (the latest per video wins in golden_set).",
+)
+
 
 # Idempotent (the current label files replace the use cases' rows in one commit): retried on transient errors.
 @asset(
     **stage_asset("evaluation", GOLDEN_SET),
+    deps=[review_labels],
     retry_policy=TRANSIENT_RETRY,
     description="Person-written labels of every use case (video_assets/usecases/<name>/golden.jsonl) plus "
     "the review page's labels (review_labels: the latest per video wins over a shipped label and says so), "

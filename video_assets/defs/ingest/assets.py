@@ -12,9 +12,25 @@ from resources.delta import DeltaTables
 from resources.volume import RefusedPath, VideoVolume
 from video_assets.core.media.probe import ProbeResult, probe
 from video_assets.core.media.source import open_media
-from video_assets.core.tables import BATCH_MANIFEST, KEYS, RAW_VIDEOS, SCHEMAS, VIDEO_METADATA, to_arrow
+from video_assets.core.tables import (
+    BATCH_MANIFEST,
+    KEYS,
+    RAW_VIDEOS,
+    SCHEMAS,
+    STREAM_SEGMENTS,
+    VIDEO_METADATA,
+    to_arrow,
+)
 from video_assets.core.uploads.discovery import printable
 from video_assets.defs.common import batch_asset, stage_asset, table_metadata
+
+# Written by the live recorder (`video-assets record`), outside any run: each finished segment is a row, reported
+# as a materialisation (cli.segment_writer); routing reads it (a segment's camera and time for its alerts).
+stream_segments = AssetSpec(
+    STREAM_SEGMENTS,
+    **stage_asset("ingest", STREAM_SEGMENTS),
+    description="Finished segments of live cameras (camera, file, start and end), a row each, written by the recorder.",
+)
 
 # Written by the upload sensor and `video-assets register` (never by a run), which report each write
 # as a materialisation: an external asset, so the manifest -> raw_videos lineage shows in the UI.

@@ -28,13 +28,13 @@ class RoutingConfig(Config):
     specs=[
         AssetSpec(
             ALERTS,
-            deps=["structured_events"],
+            deps=["structured_events", STREAM_SEGMENTS],
             **stage_asset("routing", ALERTS),
             description="Confirmed or suspected rows at or above the use case's alert threshold, with evidence.",
         ),
         AssetSpec(
             REVIEW_QUEUE,
-            deps=["structured_events"],
+            deps=["structured_events", STREAM_SEGMENTS],
             **stage_asset("routing", REVIEW_QUEUE),
             description="Rows a person should look at: possible, below threshold, verdict-only or unparsed.",
         ),
