@@ -75,9 +75,6 @@ def test_captions_for_a_batch_with_a_corrupt_file(
     assert errors.filter(pl.col("name") == "chaplin.mp4")["error"][0]
 
     mat = instance.get_latest_materialization_event(AssetKey("captions")).asset_materialization
-    # The side table the step wrote is reported too: sampled_frames, this batch's partition.
-    frames = instance.fetch_materializations(AssetKey("sampled_frames"), limit=10).records
-    assert [r.asset_materialization.partition for r in frames] == [key]
     assert mat.metadata["engine_busy_s"].value > 0
     assert mat.metadata["cpu_stage_s"].value > 0
     assert mat.metadata["model_uri"].value == "models:/video-captioner@production"

@@ -3,7 +3,6 @@
 import polars as pl
 from dagster import (
     AssetExecutionContext,
-    AssetMaterialization,
     AssetSpec,
     Config,
     DataVersion,
@@ -80,7 +79,9 @@ def _skipped_rows(meta: pl.DataFrame) -> list[dict]:
 
 
 # Written by the captions step beside its own table (the JPEGs each caption was made from, for the later frame
-# stages): a table of the graph, reported as materialised per batch by that step.
+# stages): a table of the graph for its lineage. Not reported as materialised: an extra materialisation from the
+# captions step is one more event on that step, which every reader of "the captions step's materialisation" (run
+# results, the calibration) would have to tell apart; a multi-asset step is the way to report it (not done).
 sampled_frames = AssetSpec(
     SAMPLED_FRAMES,
     deps=[CAPTIONS],
@@ -174,14 +175,6 @@ def captions(
         )
         table_rows = tables.row_count(CAPTIONS)
     errors = out.filter(pl.col("status") == CAPTION_ERROR)
-    for key in batches:  # the side table's rows of these batches were replaced with the captions'
-        context.log_event(
-            AssetMaterialization(
-                SAMPLED_FRAMES,
-                partition=key,
-                metadata={"written_by": "captions", **pair.metadata()},
-            )
-        )
     strips = _thumbnails(stats["previews"])
     return MaterializeResult(
         data_version=DataVersion(f"model-v{model_version}-prompt-v{prompt.version}"),
