@@ -1,15 +1,7 @@
 """Captioning stage asset: one Ray Data job per batch, model and prompt resolved through MLflow aliases."""
 
 import polars as pl
-from dagster import (
-    AssetExecutionContext,
-    AssetSpec,
-    Config,
-    DataVersion,
-    Failure,
-    MaterializeResult,
-    MetadataValue,
-)
+from dagster import AssetExecutionContext, AssetSpec, Config, DataVersion, Failure, MaterializeResult, MetadataValue
 from dagster_ray import RayResource
 from pydantic import Field
 
